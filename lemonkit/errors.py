@@ -1,0 +1,126 @@
+"""The exception hierarchy: every error the API answers with, and its wire shape.
+
+Each class fixes the HTTP status, the OpenAI ``type`` and the spec's ``code``;
+handlers in both hosts turn any :class:`LemonkitError` into
+``{"error": {"message", "type", "code"}}`` with that status.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BackendError",
+    "InvalidArgument",
+    "InvalidJSON",
+    "InvalidRequest",
+    "LemonkitError",
+    "MissingArgument",
+    "ModelLoadError",
+    "ModelLoadRefused",
+    "ModelNotApplicable",
+    "ModelNotFound",
+    "ModelNotSupported",
+    "NotEmbeddingModel",
+    "NotFound",
+    "SlotsPinned",
+    "Unauthorized",
+]
+
+
+class LemonkitError(Exception):
+    """Base of every error lemonkit answers with.
+
+    Args:
+        message: What went wrong, for a human.
+        status: HTTP status override (the class default otherwise).
+        code: Spec error code override.
+    """
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if code is not None:
+            self.code = code
+
+    def to_dict(self) -> dict[str, Any]:
+        """The OpenAI-shaped error body."""
+        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+
+
+class InvalidRequest(LemonkitError, ValueError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class InvalidJSON(InvalidRequest):
+    code = "invalid_json"
+
+
+class MissingArgument(InvalidRequest):
+    code = "missing_argument"
+
+
+class InvalidArgument(InvalidRequest):
+    code = "invalid_argument"
+
+
+class ModelNotApplicable(InvalidRequest):
+    """The model exists but does not serve this route (e.g. chat on an embedding model)."""
+
+    code = "model_not_applicable"
+
+
+class ModelLoadRefused(InvalidRequest):
+    code = "model_load_refused"
+
+
+class Unauthorized(LemonkitError, PermissionError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class NotFound(LemonkitError, LookupError):
+    status = 404
+    type = "not_found_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class ModelNotSupported(NotFound):
+    code = "model_not_supported"
+
+
+class SlotsPinned(LemonkitError):
+    status = 409
+    type = "conflict_error"
+    code = "slots_pinned_error"
+
+
+class ModelLoadError(LemonkitError, RuntimeError):
+    code = "model_load_error"
+
+
+class BackendError(LemonkitError, RuntimeError):
+    """The engine sidecar failed or answered with an error."""
+
+    type = "backend_error"
+    code = "backend_error"
+
+
+class NotEmbeddingModel(LemonkitError):
+    """A llama.cpp model that was not loaded for embeddings (the spec's 501 row)."""
+
+    status = 501
+    type = "not_implemented_error"
+    code = "model_not_applicable"

@@ -1,0 +1,394 @@
+"""The model manager: which models are loaded, in which sidecar, and for how long.
+
+One manager per server, living on the server's event loop. It never does
+inference or blocking IO on the loop: files are resolved in a thread, engines
+run in sidecar processes it spawns and talks to over Unix sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from lemonkit.backends.base import LoadSpec
+from lemonkit.config import Settings
+from lemonkit.errors import InvalidArgument, LemonkitError, ModelLoadError, ModelLoadRefused, ModelNotFound, SlotsPinned
+from lemonkit.registry import ModelInfo, Registry
+
+__all__ = ["MODEL_TYPES", "RECIPE_OPTIONS", "LoadedModel", "ModelManager"]
+
+log = logging.getLogger("lemonkit.manager")
+
+#: recipe -> the load options it understands (everything else in a request is not an option)
+RECIPE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "llamacpp": ("ctx_size", "llamacpp_backend", "llamacpp_args"),
+}
+#: the types /v1/health reports slots for
+MODEL_TYPES = ("llm", "embedding", "reranking", "transcription", "image", "tts")
+_SUPPORTED_BACKENDS = {"llamacpp_backend": ("cpu",)}
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A model resident in its sidecar process."""
+
+    info: ModelInfo
+    process: asyncio.subprocess.Process
+    socket_path: str
+    client: httpx.AsyncClient
+    recipe_options: dict[str, Any]
+    engine_info: dict[str, Any]
+    pinned: bool = False
+    last_use: float = field(default_factory=time.time)
+    active: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    log_path: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.info.id
+
+    @property
+    def backend_url(self) -> str:
+        return f"unix:{self.socket_path}"
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "model_name": self.name,
+            "checkpoint": self.info.checkpoint,
+            "last_use": self.last_use,
+            "type": self.info.type,
+            "device": self.engine_info.get("device", "cpu"),
+            "recipe": self.info.recipe,
+            "pid": self.process.pid,
+            "recipe_options": self.recipe_options,
+            "backend_url": self.backend_url,
+        }
+
+
+class ModelManager:
+    """Loads, tracks, evicts and unloads models.
+
+    Args:
+        settings: The deployment's settings.
+        registry: Where model names are looked up.
+    """
+
+    def __init__(self, settings: Settings, registry: Registry) -> None:
+        self.settings = settings
+        self.registry = registry
+        self._loaded: dict[str, LoadedModel] = {}
+        self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
+        self._load_lock = asyncio.Lock()
+        self._last_used: str | None = None
+        self._run_dir = Path(tempfile.mkdtemp(prefix="lemonkit-"))  # 0700: only we reach the sockets
+        self._counter = 0
+        #: sidecars spawned so far (concurrent requests for a model that is loading share one)
+        self.loads_started = 0
+
+    # -- queries -------------------------------------------------------------------------------------------------
+
+    def loaded(self, name: str) -> LoadedModel | None:
+        return self._loaded.get(name)
+
+    def health(self) -> dict[str, Any]:
+        from lemonkit import __version__
+
+        limit = self.settings.max_loaded_models
+        return {
+            "status": "ok",
+            "version": __version__,
+            "model_loaded": self._last_used if self._last_used in self._loaded else None,
+            "all_models_loaded": [m.health() for m in self._loaded.values()],
+            "max_models": {kind: limit for kind in MODEL_TYPES},
+        }
+
+    async def stats(self) -> dict[str, Any]:
+        """``/v1/stats``: the engine's figures for the last request any model served."""
+        model = self._loaded.get(self._last_used or "")
+        if model is None:
+            return {
+                "time_to_first_token": None,
+                "tokens_per_second": None,
+                "input_tokens": None,
+                "output_tokens": None,
+                "decode_token_times": [],
+                "prompt_tokens": None,
+            }
+        response = await model.client.get("/stats")
+        result: dict[str, Any] = response.json()
+        return result
+
+    # -- options -------------------------------------------------------------------------------------------------
+
+    def resolve_options(self, info: ModelInfo, request: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Options for loading ``info``: request > recipe_options.json > model row > server settings.
+
+        Raises:
+            InvalidArgument: An option names a backend this machine cannot run.
+        """
+        names = RECIPE_OPTIONS.get(info.recipe, ())
+        options: dict[str, Any] = {}
+        layers = (
+            self.settings.server_options(info.recipe),
+            info.recipe_options,
+            self.registry.saved_options(info.id),
+            request or {},
+        )
+        for layer in layers:
+            options.update({k: v for k, v in layer.items() if k in names and v is not None})
+        if options.get("ctx_size") == -1:
+            del options["ctx_size"]  # -1 means "auto": the engine sizes it from the model
+        for key, allowed in _SUPPORTED_BACKENDS.items():
+            if key in options and options[key] not in allowed:
+                raise InvalidArgument(
+                    f"{key} {options[key]!r} is not available on this machine (available: {', '.join(allowed)})"
+                )
+        return options
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    async def load(
+        self,
+        name: str,
+        options: dict[str, Any] | None = None,
+        *,
+        save_options: bool = False,
+        pinned: bool = False,
+        reload: bool = True,
+    ) -> LoadedModel:
+        """Load ``name`` (or return it if it is loaded with the same options).
+
+        Args:
+            name: Model id or alias.
+            options: Load options from the request (top of the priority chain).
+            save_options: Also persist ``options`` to ``recipe_options.json``.
+            pinned: Never evict this model to make room.
+            reload: Reload a loaded model whose options differ from ``options``.
+
+        Raises:
+            ModelNotFound: ``name`` is not registered.
+            InvalidArgument: An option cannot be honoured here.
+            SlotsPinned: Every loaded model of this type is pinned.
+            ModelLoadError: The sidecar failed to start or to load the model.
+        """
+        info = self.registry.get(name)
+        request_options = {k: v for k, v in (options or {}).items() if k in RECIPE_OPTIONS.get(info.recipe, ())}
+        resolved = self.resolve_options(info, request_options)
+        if save_options:
+            await asyncio.to_thread(self.registry.save_options, info.id, request_options)
+        while True:
+            current = self._loaded.get(info.id)
+            if current is not None and (not reload or not options or current.recipe_options == resolved):
+                current.pinned = current.pinned or pinned
+                self._last_used = current.name
+                return current
+            pending = self._loading.get(info.id)
+            if pending is None:
+                break
+            with contextlib.suppress(LemonkitError):
+                await asyncio.shield(pending)  # share a load that is under way, then decide again
+            if not reload or not options:
+                return await asyncio.shield(pending)
+        task = asyncio.create_task(self._load(info, resolved, pinned=pinned))
+        self._loading[info.id] = task
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if self._loading.get(info.id) is task and task.done():
+                del self._loading[info.id]
+
+    @contextlib.asynccontextmanager
+    async def use(self, name: str, *, ctx_size: int | None = None) -> AsyncIterator[LoadedModel]:
+        """Hold ``name`` loaded for the duration of one request, loading it on first use."""
+        model = self._loaded.get(name)
+        if model is None or model.process.returncode is not None:
+            options = {"ctx_size": ctx_size} if ctx_size is not None else None
+            model = await self.load(name, options, reload=False)
+        model.active += 1
+        model.idle.clear()
+        model.last_use = time.time()
+        self._last_used = model.name
+        try:
+            yield model
+        finally:
+            model.active -= 1
+            model.last_use = time.time()
+            if model.active == 0:
+                model.idle.set()
+
+    async def unload(self, name: str | None = None) -> list[str]:
+        """Unload one model (by id or alias) or, without a name, all of them.
+
+        Raises:
+            ModelNotFound: ``name`` is not loaded.
+        """
+        if name is None:
+            victims = list(self._loaded.values())
+        else:
+            info = self.registry.get(name)
+            model = self._loaded.get(info.id)
+            if model is None:
+                raise ModelNotFound(f"Model not loaded: {name}")
+            victims = [model]
+        for model in victims:
+            self._loaded.pop(model.name, None)
+        await asyncio.gather(*(self._stop(m, drain=False) for m in victims))
+        return [m.name for m in victims]
+
+    def discard(self, model: LoadedModel) -> None:
+        """Forget a model whose sidecar failed; the next request loads it afresh."""
+        if self._loaded.get(model.name) is model:
+            del self._loaded[model.name]
+            log.warning("sidecar for %s failed; it will be reloaded on next use", model.name)
+        if model.process.returncode is None:
+            model.process.kill()
+        asyncio.get_running_loop().create_task(model.client.aclose())
+
+    async def close(self) -> None:
+        await self.unload()
+        for task in self._loading.values():
+            task.cancel()
+        shutil.rmtree(self._run_dir, ignore_errors=True)
+
+    # -- internals -----------------------------------------------------------------------------------------------
+
+    async def _load(self, info: ModelInfo, options: dict[str, Any], *, pinned: bool) -> LoadedModel:
+        async with self._load_lock:
+            previous = self._loaded.pop(info.id, None)
+            if previous is not None:
+                await self._stop(previous, drain=True)
+            await self._make_room(info)
+            files = await asyncio.to_thread(self.registry.resolve, info)
+            if info.recipe == "llamacpp":
+                await asyncio.to_thread(_check_gguf, files.main)
+            spec: LoadSpec = {
+                "model_name": info.id,
+                "recipe": info.recipe,
+                "type": info.type,
+                "model_path": str(files.main),
+                "mmproj_path": str(files.mmproj) if files.mmproj else None,
+                "chat_format": info.chat_format,
+                "options": options,
+            }
+            model = await self._spawn(info, spec, options)
+            model.pinned = pinned
+            self._loaded[info.id] = model
+            self._last_used = info.id
+            log.info("loaded %s (pid %s)", info.id, model.process.pid)
+            return model
+
+    async def _make_room(self, info: ModelInfo) -> None:
+        limit = self.settings.max_loaded_models
+        if limit < 0:
+            return
+        same_type = [m for m in self._loaded.values() if m.info.type == info.type]
+        while len(same_type) >= limit:
+            candidates = [m for m in same_type if not m.pinned]
+            if not candidates:
+                raise SlotsPinned(
+                    f"Cannot load {info.id}: every loaded {info.type} model is pinned "
+                    f"(max {limit} per type); unload one first"
+                )
+            victim = min(candidates, key=lambda m: m.last_use)
+            log.info("evicting %s to make room for %s", victim.name, info.id)
+            self._loaded.pop(victim.name, None)
+            same_type.remove(victim)
+            await self._stop(victim, drain=True)
+
+    async def _spawn(self, info: ModelInfo, spec: LoadSpec, options: dict[str, Any]) -> LoadedModel:
+        self._counter += 1
+        self.loads_started += 1
+        socket_path = str(self._run_dir / f"{self._counter}.sock")
+        log_path = self._run_dir / f"{self._counter}.log"
+        stderr = await asyncio.to_thread(open, log_path, "wb")
+        with stderr:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "lemonkit.backends.sidecar",
+                "--socket",
+                socket_path,
+                "--ping-interval",
+                str(self.settings.ping_interval),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr,
+            )
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(json.dumps(spec).encode() + b"\n")
+        try:
+            async with asyncio.timeout(self.settings.sidecar_timeout):
+                line = await process.stdout.readline()
+        except TimeoutError:
+            line = b""
+            process.kill()
+        message = json.loads(line) if line.strip() else {}
+        if not message.get("ready"):
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
+            reason = (message.get("error") or {}).get("message") or await asyncio.to_thread(_tail, log_path)
+            raise ModelLoadError(f"Failed to load {info.id}: {reason}")
+        transport = httpx.AsyncHTTPTransport(uds=socket_path)
+        client = httpx.AsyncClient(
+            transport=transport, base_url="http://sidecar", timeout=httpx.Timeout(None, connect=10.0)
+        )
+        model = LoadedModel(
+            info=info,
+            process=process,
+            socket_path=socket_path,
+            client=client,
+            recipe_options=options,
+            engine_info=message.get("info", {}),
+            log_path=log_path,
+        )
+        model.idle.set()
+        return model
+
+    async def _stop(self, model: LoadedModel, *, drain: bool) -> None:
+        if drain and model.active:
+            await model.idle.wait()  # let requests in flight finish before the process goes
+        process = model.process
+        if process.returncode is None:
+            assert process.stdin is not None
+            process.stdin.close()  # the sidecar exits when its stdin closes
+            try:
+                async with asyncio.timeout(5):
+                    await process.wait()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        await model.client.aclose()
+        with contextlib.suppress(OSError):
+            os.unlink(model.socket_path)
+        log.info("unloaded %s", model.name)
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        text = []
+    return " | ".join(text[-lines:]) or "the engine process exited"
+
+
+def _check_gguf(path: Path) -> None:
+    """Refuse a file llama.cpp cannot even start on, before spawning anything."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadRefused(f"{path.name} is not a GGUF file (magic {magic!r}); the llamacpp recipe needs GGUF")

@@ -1,0 +1,240 @@
+"""The behaviour every lemonkit handler shares, whatever host serves it.
+
+Handlers are written once as subclasses of :class:`LemonkitHandler` (a mixin
+with no Tornado base); each host combines them with its own request handler
+class (Jupyter's ``APIHandler`` or a plain ``RequestHandler``), which adds
+authentication. See :func:`lemonkit.server.routes.build`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from tornado import web
+from tornado.iostream import StreamClosedError
+
+from lemonkit import schemas
+from lemonkit.errors import BackendError, InvalidJSON, LemonkitError, NotFound
+from lemonkit.server.service import SETTINGS_KEY, Service
+
+if TYPE_CHECKING:
+    from lemonkit.manager import LoadedModel
+
+    _Base = web.RequestHandler
+else:
+    _Base = object
+
+__all__ = ["SSE_HEADERS", "LemonkitHandler", "allow_unauthenticated"]
+
+log = logging.getLogger("lemonkit.server")
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_HTTP_CODES = {401: "invalid_api_key", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+
+
+def allow_unauthenticated(method: Any) -> Any:
+    """Mark a handler method as open (``/live``); both hosts honour it."""
+    method.__allow_unauthenticated = True  # the attribute jupyter_server's own check reads
+    return method
+
+
+def _as_lemonkit_error(exc: BaseException | None, status: int) -> LemonkitError:
+    if isinstance(exc, LemonkitError):
+        return exc
+    if isinstance(exc, web.HTTPError):
+        message = exc.log_message or exc.reason or f"HTTP {exc.status_code}"
+        err = LemonkitError(message % exc.args if exc.args else message, status=exc.status_code)
+        err.code = _HTTP_CODES.get(exc.status_code, "http_error")
+        err.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return err
+    return LemonkitError("The request failed unexpectedly; see the server log", status=status, code="internal_error")
+
+
+class LemonkitHandler(_Base):
+    """Shared base of every lemonkit route: JSON in, OpenAI-shaped errors out, SSE helpers."""
+
+    #: the schemas.validate() route name of this handler's JSON body, if it has one
+    schema: str | None = None
+    #: hosts refuse requests without credentials unless this is False
+    auth_required = True
+    _sse_open = False
+    _client_gone = False
+    _pump: asyncio.Future[None] | None = None
+
+    @property
+    def service(self) -> Service:
+        service: Service = self.settings[SETTINGS_KEY]
+        return service
+
+    # -- errors --------------------------------------------------------------------------------------------------
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        err = _as_lemonkit_error(exc, status_code)
+        if self._sse_open:
+            return  # the stream writer already reported it as an error event
+        self.clear()
+        self.set_status(err.status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(err.to_dict()))
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, LemonkitError) and value.status < 500:
+            log.info("%s %s -> %s %s", self.request.method, self.request.path, value.status, value.message)
+        elif isinstance(value, (LemonkitError, web.HTTPError)):
+            log.warning("%s %s -> %s", self.request.method, self.request.path, value)
+        else:
+            super().log_exception(typ, value, tb)
+
+    # -- request and response bodies -----------------------------------------------------------------------------
+
+    def json_body(self, *, optional: bool = False) -> dict[str, Any]:
+        """The request body, parsed and (when the handler names a schema) validated.
+
+        Raises:
+            InvalidJSON: The body is not a JSON object.
+            MissingArgument, InvalidArgument: The schema refused it.
+        """
+        raw = self.request.body
+        if optional and not raw.strip():
+            body: Any = {}
+        else:
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError):
+                raise InvalidJSON("The body is not valid JSON") from None
+        if self.schema is not None:
+            return schemas.validate(self.schema, body)
+        if not isinstance(body, dict):
+            raise InvalidJSON("The body is not a JSON object")
+        return body
+
+    def write_json(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+    # -- server-sent events --------------------------------------------------------------------------------------
+
+    async def sse_open(self) -> None:
+        """Send the stream's headers now, so the client sees the stream start (and pings) at once."""
+        self.set_status(200)
+        for name, value in SSE_HEADERS.items():
+            self.set_header(name, value)
+        self._sse_open = True
+        await self.flush()
+
+    async def sse_write(self, data: bytes) -> None:
+        """Write and flush one frame.
+
+        Raises:
+            StreamClosedError: The client went away.
+        """
+        self.write(data)
+        await self.flush()
+
+    def on_connection_close(self) -> None:
+        super().on_connection_close()
+        self._client_gone = True
+        if self._pump is not None:
+            self._pump.cancel()  # stops the upstream read, which tells the sidecar to stop generating
+
+    async def pump(self, frames: AsyncIterator[bytes]) -> None:
+        """Stream ``frames`` to the client until they end or the client leaves."""
+
+        async def run() -> None:
+            async for frame in frames:
+                await self.sse_write(frame)
+
+        self._pump = asyncio.ensure_future(run())
+        try:
+            await self._pump
+        except StreamClosedError:
+            return
+        except asyncio.CancelledError:
+            if self._client_gone:
+                return
+            raise
+        finally:
+            self._pump = None
+        self.finish()
+
+    # -- talking to a model's sidecar ----------------------------------------------------------------------------
+
+    async def sidecar_request(self, model: LoadedModel, path: str, body: dict[str, Any]) -> httpx.Response:
+        """POST ``body`` to the sidecar; the response is open for streaming.
+
+        Raises:
+            BackendError: The sidecar is unreachable (it is discarded) or answered with an error.
+        """
+        client = model.client
+        try:
+            response = await client.send(client.build_request("POST", path, json=body), stream=True)
+        except httpx.TransportError as exc:
+            self.service.manager.discard(model)
+            raise BackendError(
+                f"The engine of {model.name} is not responding ({exc}); retry to reload it", status=502
+            ) from None
+        if response.status_code != 200:
+            raw = await response.aread()
+            await response.aclose()
+            raise _sidecar_error(raw, response.status_code)
+        return response
+
+    async def sidecar_json(self, model: LoadedModel, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = await self.sidecar_request(model, path, body)
+        try:
+            raw = await response.aread()
+        except httpx.TransportError:
+            self.service.manager.discard(model)
+            raise BackendError(
+                f"The engine of {model.name} died during the request; retry to reload it", status=502
+            ) from None
+        finally:
+            await response.aclose()
+        result: dict[str, Any] = json.loads(raw)
+        return result
+
+    async def sidecar_frames(self, model: LoadedModel, response: httpx.Response) -> AsyncIterator[bytes]:
+        """The sidecar's SSE bytes as they arrive; a failure becomes one error event and the stream ends."""
+        tail = b"\n\n"
+        try:
+            async for chunk in response.aiter_raw():
+                tail = chunk[-2:]
+                yield chunk
+        except httpx.TransportError:
+            self.service.manager.discard(model)
+            prefix = b"" if tail == b"\n\n" else b"\n\n"  # never glue the error onto a half-sent event
+            yield prefix + error_event(
+                BackendError(f"The engine of {model.name} stopped mid-stream; retry to reload it", status=502)
+            )
+        finally:
+            await response.aclose()
+
+
+def error_event(err: LemonkitError) -> bytes:
+    """The SSE frame that replaces the rest of a stream that failed after it started."""
+    body = {"error": {"message": err.message, "type": err.type, "code": err.code, "status_code": err.status}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _sidecar_error(raw: bytes, status: int) -> LemonkitError:
+    try:
+        detail = json.loads(raw)["error"]
+        err = LemonkitError(str(detail.get("message")), status=status, code=detail.get("code"))
+        err.type = detail.get("type") or err.type
+        return err
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return BackendError(f"The engine answered {status}: {raw[:200]!r}", status=status)
+
+
+class NotFoundHandler(LemonkitHandler):
+    """Any path under the API that no route serves."""
+
+    def prepare(self) -> None:
+        raise NotFound(f"No route for {self.request.method} {self.request.path}")

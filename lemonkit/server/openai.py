@@ -1,0 +1,201 @@
+"""Handlers for the OpenAI-compatible routes (spec: ``openai-api.md``)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import secrets
+import struct
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from lemonkit.errors import BackendError, ModelNotApplicable, NotEmbeddingModel
+from lemonkit.manager import LoadedModel
+from lemonkit.registry import ModelInfo
+from lemonkit.server import responses
+from lemonkit.server.base import LemonkitHandler, error_event
+
+__all__ = [
+    "ChatCompletionsHandler",
+    "CompletionsHandler",
+    "EmbeddingsHandler",
+    "ModelHandler",
+    "ModelsHandler",
+    "RerankHandler",
+    "ResponsesHandler",
+]
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes")
+
+
+class InferenceHandler(LemonkitHandler):
+    """A route that runs a model: validate, resolve, load on first use, forward to the model's sidecar."""
+
+    #: the sidecar route this handler forwards to
+    sidecar_path = ""
+    #: model types this route serves
+    serves: tuple[str, ...] = ("llm",)
+
+    async def post(self) -> None:
+        body = self.json_body()
+        info = self.service.registry.get(body["model"])
+        self.check_applicable(info)
+        async with self.service.manager.use(info.id, ctx_size=body.get("ctx_size")) as model:
+            await self.run(model, body)
+
+    def check_applicable(self, info: ModelInfo) -> None:
+        if info.type not in self.serves:
+            raise ModelNotApplicable(f"{info.id} is a {info.type} model; {self.request.path} needs {self.serves[0]}")
+
+    async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
+        if body.get("stream"):
+            response = await self.sidecar_request(model, self.sidecar_path, body)
+            await self.sse_open()
+            await self.pump(self.sidecar_frames(model, response))
+        else:
+            self.write_json(self.shape(await self.sidecar_json(model, self.sidecar_path, body), body))
+
+    def shape(self, result: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """Adapt the engine's answer to what the client asked for (non-streaming)."""
+        return result
+
+
+class ChatCompletionsHandler(InferenceHandler):
+    schema = "chat/completions"
+    sidecar_path = "/v1/chat/completions"
+
+
+class CompletionsHandler(InferenceHandler):
+    schema = "completions"
+    sidecar_path = "/v1/completions"
+
+
+class ResponsesHandler(InferenceHandler):
+    """The Responses API, served by translating to and from the model's chat completions."""
+
+    schema = "responses"
+    sidecar_path = "/v1/chat/completions"
+
+    async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
+        chat = responses.to_chat_request(body)
+        response_id = "resp_" + secrets.token_urlsafe(24)
+        created_at = int(time.time())
+        if not body.get("stream"):
+            result = await self.sidecar_json(model, self.sidecar_path, chat)
+            self.write_json(
+                responses.from_chat_completion(
+                    result, response_id=response_id, created_at=created_at, model=body["model"], request=body
+                )
+            )
+            return
+        upstream = await self.sidecar_request(model, self.sidecar_path, chat)
+        stream = responses.ResponseStream(
+            response_id=response_id, created_at=created_at, model=body["model"], request=body
+        )
+        await self.sse_open()
+        await self.pump(self._events(model, upstream, stream))
+
+    async def _events(
+        self, model: LoadedModel, upstream: httpx.Response, stream: responses.ResponseStream
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for line in upstream.aiter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        yield (line + "\n\n").encode()
+                        return
+                    events = stream.feed(chunk)
+                elif line == "data: [DONE]":
+                    events = stream.finish()
+                elif line.startswith(":"):
+                    yield (line + "\n\n").encode()
+                    continue
+                else:
+                    continue
+                yield b"".join(_event(name, data) for name, data in events)
+            yield b"data: [DONE]\n\n"
+        except httpx.TransportError:
+            self.service.manager.discard(model)
+            yield error_event(BackendError(f"The engine of {model.name} stopped mid-stream", status=502))
+        finally:
+            await upstream.aclose()
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+class EmbeddingsHandler(InferenceHandler):
+    schema = "embeddings"
+    sidecar_path = "/v1/embeddings"
+    serves = ("embedding",)
+
+    def check_applicable(self, info: ModelInfo) -> None:
+        if info.type == "llm" and info.recipe == "llamacpp":
+            raise NotEmbeddingModel(f"{info.id} is not an embedding model; load one labelled 'embeddings'")
+        super().check_applicable(info)
+
+    async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
+        self.write_json(self.shape(await self.sidecar_json(model, self.sidecar_path, body), body))
+
+    def shape(self, result: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        if body.get("encoding_format") == "base64":
+            for item in result["data"]:
+                vector = item["embedding"]
+                item["embedding"] = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        return result
+
+
+class RerankHandler(InferenceHandler):
+    schema = "rerank"
+    sidecar_path = "/v1/rerank"
+    serves = ("reranking",)
+
+    async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
+        self.write_json(await self.sidecar_json(model, self.sidecar_path, body))
+
+
+class ModelsHandler(LemonkitHandler):
+    """``GET/HEAD /v1/models``."""
+
+    async def get(self) -> None:
+        show_all = _flag(self.get_query_argument("show_all", None))
+        include_paths = _flag(self.get_query_argument("include_paths", None))
+        service = self.service
+
+        def build() -> list[dict[str, Any]]:
+            return [
+                service.registry.model_object(info, include_paths=include_paths, context_length=_loaded_ctx(self, info))
+                for info in service.registry.list(show_all=show_all)
+            ]
+
+        self.write_json({"object": "list", "data": await asyncio.to_thread(build)})
+
+    async def head(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish()
+
+
+class ModelHandler(LemonkitHandler):
+    """``GET /v1/models/{id}``."""
+
+    async def get(self, model_id: str) -> None:
+        include_paths = _flag(self.get_query_argument("include_paths", None))
+        registry = self.service.registry
+        info = registry.get(model_id)
+        obj = await asyncio.to_thread(
+            registry.model_object, info, include_paths=include_paths, context_length=_loaded_ctx(self, info)
+        )
+        self.write_json(obj)
+
+
+def _loaded_ctx(handler: LemonkitHandler, info: ModelInfo) -> int | None:
+    model = handler.service.manager.loaded(info.target_id)
+    return model.engine_info.get("ctx_size") if model else None

@@ -1,0 +1,29 @@
+"""What both hosts share: settings, registry and model manager, under one name in the app settings."""
+
+from __future__ import annotations
+
+from lemonkit.config import Settings
+from lemonkit.manager import ModelManager
+from lemonkit.registry import Registry
+
+__all__ = ["SETTINGS_KEY", "Service"]
+
+#: key of the :class:`Service` in ``tornado.web.Application.settings``
+SETTINGS_KEY = "lemonkit"
+
+
+class Service:
+    """The lemonkit state of one server process.
+
+    Args:
+        settings: Deployment settings; defaults to the environment's.
+    """
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.settings.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.registry = Registry(self.settings.cache_dir)
+        self.manager = ModelManager(self.settings, self.registry)
+
+    async def close(self) -> None:
+        await self.manager.close()

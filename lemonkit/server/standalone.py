@@ -1,0 +1,74 @@
+"""The standalone host: ``lemonkit serve`` (default ``127.0.0.1:13305``), no Jupyter needed."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import signal
+from typing import Any
+
+from tornado import web
+
+from lemonkit.config import DEFAULT_PORT, Settings
+from lemonkit.errors import Unauthorized
+from lemonkit.server import routes
+from lemonkit.server.service import SETTINGS_KEY, Service
+
+__all__ = ["StandaloneHandler", "make_app", "serve"]
+
+log = logging.getLogger("lemonkit.server")
+
+
+class StandaloneHandler(web.RequestHandler):
+    """Host base: a Bearer ``LEMONADE_API_KEY`` on every route but ``/live`` when one is set."""
+
+    def prepare(self) -> None:
+        key = self.settings[SETTINGS_KEY].settings.api_key
+        if not key or not getattr(self, "auth_required", True):
+            return
+        scheme, _, token = self.request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise Unauthorized("A valid API key is required: send 'Authorization: Bearer <LEMONADE_API_KEY>'")
+
+
+def make_app(service: Service) -> web.Application:
+    """The Tornado application serving every lemonkit route at the root."""
+    settings: dict[str, Any] = {SETTINGS_KEY: service}
+    return web.Application(routes.build("/", StandaloneHandler), **settings)
+
+
+async def serve(
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    settings: Settings | None = None,
+    preload: str | None = None,
+    ready: Any = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM, then unload every model.
+
+    Args:
+        host: Interface to listen on.
+        port: TCP port (0 picks a free one).
+        settings: Deployment settings (defaults from the environment).
+        preload: A model to load before announcing readiness.
+        ready: Called with the bound port once the server accepts requests.
+    """
+    service = Service(settings)
+    server = make_app(service).listen(port, address=host)
+    bound = next(iter(server._sockets.values())).getsockname()[1]
+    if preload:
+        await service.manager.load(preload)
+    log.info("lemonkit serving on http://%s:%s/api/v1", host, bound)
+    if ready is not None:
+        ready(bound)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        server.stop()
+        await service.close()

@@ -1,0 +1,276 @@
+"""``GET /v1/system-info``: this machine's hardware and which recipe backends can run on it.
+
+Everything is read from ``/proc``, ``/sys`` and package metadata: no engine is
+imported (importing llama_cpp loads a large shared library), so a call costs a few
+milliseconds. The server calls it off the event loop all the same.
+
+Recipes are data (:data:`DEFAULT_RECIPES`): each backend names the devices it runs
+on and the Python distribution that provides it, so a speech, TTS or image recipe is
+added by adding an entry, not code.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_RECIPES", "backend_status", "detect_devices", "system_info"]
+
+#: recipe -> {"default_backend": name, "backends": {name: spec}}. A backend spec's keys, all optional:
+#:   devices      device kinds it runs on ("cpu", "amd_gpu", "nvidia_gpu", "amd_npu"); none present -> unsupported
+#:   os           platform.system() value it requires ("Darwin" for Metal)
+#:   missing      message when its devices/OS are absent
+#:   unsupported  message that makes it unsupported regardless (lemonkit has no engine for it)
+#:   distribution PyPI distribution providing it (absent: part of lemonkit, always installed)
+#:   module       top-level module that must be importable (checked with find_spec, without importing)
+#:   min_version  oldest usable version; lemonkit's own requirement for the extra wins when installed
+#:   extra        lemonkit extra that installs it, for the action text
+DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
+    "llamacpp": {
+        "default_backend": "cpu",
+        "backends": {
+            "cpu": {
+                "devices": ["cpu"],
+                "distribution": "llama-cpp-python",
+                "module": "llama_cpp",
+                "min_version": "0.3.36",
+                "extra": "llamacpp",
+            },
+            "vulkan": {
+                "devices": ["amd_gpu", "nvidia_gpu"],
+                "missing": "No GPU found.",
+                "unsupported": "lemonkit runs llama.cpp on the CPU only.",
+            },
+            "rocm": {
+                "devices": ["amd_gpu"],
+                "missing": "No AMD GPU found.",
+                "unsupported": "lemonkit runs llama.cpp on the CPU only.",
+            },
+            "metal": {
+                "os": "Darwin",
+                "missing": "Requires macOS",
+                "unsupported": "lemonkit runs llama.cpp on the CPU only.",
+            },
+        },
+    },
+}
+
+_PCI_VENDORS = {"0x1002": "amd_gpu", "0x10de": "nvidia_gpu"}
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return None
+
+
+def _cpu(root: Path) -> dict[str, Any]:
+    name = None
+    cores: set[tuple[str, str]] = set()
+    physical = core = None
+    text = _read(root / "proc/cpuinfo") or ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "model name" and name is None:
+            name = value
+        elif key == "physical id":
+            physical = value
+        elif key == "core id":
+            core = value
+        elif not key:  # blank line ends one logical CPU's block
+            if core is not None:
+                cores.add((physical or "0", core))
+            physical = core = None
+    if core is not None:
+        cores.add((physical or "0", core))
+    threads = os.cpu_count() or 1
+    return {
+        "name": name or platform.processor() or platform.machine(),
+        # (physical id, core id) pairs count hyper-threads once; absent (ARM, some VMs): logical count
+        "cores": len(cores) or threads,
+        "threads": threads,
+        "available": True,
+        "family": platform.machine(),
+    }
+
+
+def _gpus(root: Path) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {"amd_gpu": [], "nvidia_gpu": []}
+    drm = root / "sys/class/drm"
+    try:
+        cards = sorted(p for p in drm.iterdir() if re.fullmatch(r"card\d+", p.name))
+    except OSError:
+        return found
+    for card in cards:
+        dev = card / "device"
+        kind = _PCI_VENDORS.get(_read(dev / "vendor") or "")
+        if kind is None:
+            continue
+        gpu: dict[str, Any] = {
+            "name": _read(dev / "product_name")
+            or f"{'AMD' if kind == 'amd_gpu' else 'NVIDIA'} GPU {_read(dev / 'device')}",
+            "available": True,
+        }
+        vram = _read(dev / "mem_info_vram_total")  # amdgpu only
+        if vram and vram.isdigit():
+            gpu["vram_gb"] = round(int(vram) / 1024**3, 1)
+        found[kind].append(gpu)
+    return found
+
+
+def _npu(root: Path) -> dict[str, Any] | None:
+    accel = root / "sys/class/accel"
+    try:
+        nodes = sorted(accel.iterdir())
+    except OSError:
+        return None
+    for node in nodes:
+        driver = node / "device/driver"
+        if driver.is_symlink() and os.readlink(driver).rsplit("/", 1)[-1] == "amdxdna":
+            return {"name": "AMD NPU", "available": True, "family": "XDNA"}
+    return None
+
+
+def detect_devices(root: Path = Path("/")) -> dict[str, Any]:
+    """The ``devices`` object. GPU arrays are present and empty when none is found; ``amd_npu`` only when present.
+
+    Args:
+        root: Filesystem root holding ``proc/`` and ``sys/`` (tests point it at a fake tree).
+    """
+    devices: dict[str, Any] = {"cpu": _cpu(root), **_gpus(root)}
+    npu = _npu(root)
+    if npu is not None:
+        devices["amd_npu"] = npu
+    return devices
+
+
+def _vtuple(version: str) -> tuple[int, ...]:
+    """Leading numeric release parts: ``"0.3.16.post1"`` -> ``(0, 3, 16)``."""
+    parts = []
+    for piece in version.split("."):
+        m = re.match(r"\d+", piece)
+        if not m:
+            break
+        parts.append(int(m.group()))
+        if m.end() != len(piece):
+            break
+    return tuple(parts)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _required_min(distribution: str, extra: str | None) -> str | None:
+    """The lower bound (``>=``, ``==``, ``~=``) lemonkit's installed metadata puts on ``distribution`` for ``extra``."""
+    try:
+        reqs = importlib.metadata.requires("lemonkit") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    want = _norm(distribution)
+    for req in reqs:
+        spec, _, marker = req.partition(";")
+        m = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:\[[^\]]*\])?\s*(.*)", spec)
+        if not m or _norm(m.group(1)) != want:
+            continue
+        in_extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
+        if in_extra and in_extra.group(1) != extra:
+            continue
+        bound = re.search(r"(?:>=|==|~=)\s*([0-9][^,\s]*)", m.group(2))  # a pin is the oldest usable too
+        if bound:
+            return bound.group(1)
+    return None
+
+
+def backend_status(spec: Mapping[str, Any], devices: Mapping[str, Any]) -> dict[str, Any]:
+    """One backend's ``{"devices", "state", "message", "action"[, "version"]}`` on this machine."""
+    system_ok = spec.get("os") is None or platform.system() == spec["os"]
+    present = [
+        kind for kind in spec.get("devices", []) if devices.get(kind) and (kind != "cpu" or devices[kind]["available"])
+    ]
+    if not system_ok or (spec.get("devices") and not present):
+        return {
+            "devices": [],
+            "state": "unsupported",
+            "message": spec.get("missing", "No supported device found."),
+            "action": "",
+        }
+    if spec.get("unsupported"):
+        return {"devices": [], "state": "unsupported", "message": spec["unsupported"], "action": ""}
+    dist = spec.get("distribution")
+    if dist is None:
+        return {"devices": present, "state": "installed", "message": "", "action": ""}
+    extra = spec.get("extra")
+    target = f"'lemonkit[{extra}]'" if extra else dist
+    try:
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    module = spec.get("module")
+    if version is None or (module and importlib.util.find_spec(module) is None):
+        return {
+            "devices": present,
+            "state": "installable",
+            "message": "Backend is supported but not installed.",
+            "action": f"pip install {target}",
+        }
+    required = _required_min(dist, extra) or spec.get("min_version")
+    if required and _vtuple(version) < _vtuple(required):
+        return {
+            "devices": present,
+            "state": "update_required",
+            "message": f"Backend update is required before use ({dist} {version} < {required}).",
+            "action": f"pip install -U {target}",
+            "version": version,
+        }
+    return {"devices": present, "state": "installed", "message": "", "action": "", "version": version}
+
+
+def _memory(root: Path) -> str:
+    meminfo = _read(root / "proc/meminfo") or ""
+    m = re.search(r"^MemTotal:\s*(\d+)\s*kB", meminfo, re.M)
+    if m:
+        total = int(m.group(1)) * 1024
+    else:
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return "Unknown"
+    return f"{total / 1024**3:.1f} GB"
+
+
+def system_info(recipes: Mapping[str, Mapping[str, Any]] | None = None, *, root: Path = Path("/")) -> dict[str, Any]:
+    """The ``GET /v1/system-info`` body for this machine.
+
+    Args:
+        recipes: Recipe table in the :data:`DEFAULT_RECIPES` format (default: that table).
+        root: Filesystem root for ``proc/``/``sys/`` (tests only).
+
+    The Windows-only fields of the spec (OEM System, BIOS Version, ...) are left out.
+    """
+    devices = detect_devices(root)
+    out_recipes: dict[str, Any] = {}
+    for recipe, table in (DEFAULT_RECIPES if recipes is None else recipes).items():
+        backends = {name: backend_status(spec, devices) for name, spec in table.get("backends", {}).items()}
+        entry: dict[str, Any] = {}
+        usable = [name for name, b in backends.items() if b["state"] != "unsupported"]
+        if usable:  # spec: present when at least one backend is not unsupported
+            default = table.get("default_backend")
+            entry["default_backend"] = default if default in usable else usable[0]
+        entry["backends"] = backends
+        out_recipes[recipe] = entry
+    return {
+        "OS Version": platform.platform(),
+        "Processor": devices["cpu"]["name"],
+        "Physical Memory": _memory(root),
+        "devices": devices,
+        "recipes": out_recipes,
+    }

@@ -1,0 +1,341 @@
+"""Tiny random-weight GGUF models written with the ``gguf`` package, for tests.
+
+Each writer produces a file of a few hundred KB in milliseconds that llama.cpp loads like a
+real model: a ChatML chat model (llama architecture, SPM vocab), a BERT embedding model and a
+BERT reranker (WPM vocab). The output is noise; the point is that every chat, completion,
+streaming, tool, grammar, embedding and rerank code path runs for real and fast. Weights are
+drawn from ``numpy.random.default_rng(seed)``, so a given seed always writes the same file.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter, PoolingType, TokenType
+
+__all__ = ["CHATML_TEMPLATE", "write_tiny_bert_embedding", "write_tiny_bert_reranker", "write_tiny_llama"]
+
+N_EMBD = 64
+N_LAYER = 2
+N_HEAD = 4
+N_FF = 128
+
+# A few common words so text tokenizes into word pieces, not only bytes/characters.
+_WORDS = (
+    "hello world the and you is of to in it that for on with as this are be at",
+    "have from or one by but not what all were we when your can said there use an",
+    "each which she do how their if will up other about out many then them these so",
+    "some her would make like him into time has look two more write go see number no",
+    "way could people my than first water been call who oil its now find long down day",
+    "did get come made may part test model text query document answer question yes",
+    # the Hermes tool preamble and JSON-schema words, so tool prompts stay short in tokens
+    "tools tool call response functions function assist user provided signatures within xml",
+    "tags return json object name arguments args type description parameters properties",
+    "string integer number boolean array items required enum system assistant weather city",
+)
+WORDS: tuple[str, ...] = tuple(" ".join(_WORDS).split())
+
+# Hermes/Qwen2.5-style ChatML template: system prompt, tool declarations in <tools>, assistant
+# tool calls as <tool_call> JSON and tool results folded into a user turn as <tool_response>.
+# Content may be a string, null or a list of OpenAI content parts (text parts are joined).
+CHATML_TEMPLATE = r"""
+{%- macro text(content) -%}
+    {%- if content is string -%}
+        {{- content -}}
+    {%- elif content is iterable -%}
+        {%- for part in content if part.type == 'text' -%}{{- part.text -}}{%- endfor -%}
+    {%- endif -%}
+{%- endmacro -%}
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages and messages[0].role == 'system' %}
+        {{- text(messages[0].content) + '\n\n' }}
+    {%- endif %}
+    {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' }}
+    {{- 'You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' + (tool | tojson) }}
+    {%- endfor %}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments' }}
+    {{- ' within <tool_call></tool_call> XML tags:\n<tool_call>\n' }}
+    {{- '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+{%- elif messages and messages[0].role == 'system' %}
+    {{- '<|im_start|>system\n' + text(messages[0].content) + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'user' or (message.role == 'system' and not loop.first)
+          or (message.role == 'assistant' and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + text(message.content) + '<|im_end|>\n' }}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant' }}
+        {%- if message.content %}
+            {{- '\n' + text(message.content) }}
+        {%- endif %}
+        {%- for call in message.tool_calls %}
+            {%- if call.function is defined %}
+                {%- set call = call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' + call.name + '", "arguments": ' }}
+            {%- if call.arguments is string %}
+                {{- call.arguments }}
+            {%- else %}
+                {{- call.arguments | tojson }}
+            {%- endif %}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' + text(message.content) + '\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+""".strip()
+
+
+@dataclass
+class _Vocab:
+    """Token list with per-token SPM scores and GGUF token types, in id order."""
+
+    tokens: list[str] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    types: list[int] = field(default_factory=list)
+    ids: dict[str, int] = field(default_factory=dict)
+
+    def add(self, token: str, kind: TokenType = TokenType.NORMAL, score: float = 0.0) -> None:
+        self.ids[token] = len(self.tokens)
+        self.tokens.append(token)
+        self.scores.append(score)
+        self.types.append(int(kind))
+
+    def extend(self, tokens: Iterable[str]) -> None:
+        """Add ordinary pieces, skipping duplicates; SPM merges prefer the higher (longer) score."""
+        for token in tokens:
+            if token not in self.ids:
+                self.add(token, score=float(len(token)))
+
+
+class _Weights:
+    """Named float32 tensors drawn from one seeded generator, in insertion (= file) order."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.tensors: dict[str, np.ndarray] = {}
+
+    def normal(self, name: str, *shape: int) -> np.ndarray:
+        # numpy shape is ggml's reversed: (rows, fan_in). 1/sqrt(fan_in) keeps activations O(1)
+        # so logits and scores vary visibly between inputs instead of collapsing to ~0.
+        array = (self.rng.standard_normal(shape) * shape[-1] ** -0.5).astype(np.float32)
+        self.tensors[name] = array
+        return array
+
+    def const(self, name: str, value: float, *shape: int) -> None:
+        self.tensors[name] = np.full(shape, value, dtype=np.float32)
+
+    def norm(self, prefix: str, bias: bool) -> None:
+        self.const(f"{prefix}.weight", 1.0, N_EMBD)
+        if bias:
+            self.const(f"{prefix}.bias", 0.0, N_EMBD)
+
+    def linear(self, prefix: str, n_out: int, n_in: int, bias: bool) -> None:
+        self.normal(f"{prefix}.weight", n_out, n_in)
+        if bias:
+            self.normal(f"{prefix}.bias", n_out)
+
+
+def _write(
+    path: str | os.PathLike[str],
+    arch: str,
+    *,
+    name: str,
+    n_ctx_train: int,
+    tokenizer: str,
+    vocab: _Vocab,
+    weights: _Weights,
+    configure: Callable[[GGUFWriter], None],
+) -> Path:
+    """Write the hyperparameters every tiny model shares, the vocab, arch-specific keys and tensors."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(path, arch)
+    writer.add_name(name)
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(N_LAYER)
+    writer.add_feed_forward_length(N_FF)
+    writer.add_head_count(N_HEAD)
+    writer.add_tokenizer_model(tokenizer)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_scores(vocab.scores)
+    writer.add_token_types(vocab.types)
+    configure(writer)
+    for tensor_name, array in weights.tensors.items():
+        writer.add_tensor(tensor_name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+# --------------------------------------------------------------------------- llama (chat)
+
+
+def _llama_vocab() -> _Vocab:
+    vocab = _Vocab()
+    vocab.add("<unk>", TokenType.UNKNOWN)
+    vocab.add("<s>", TokenType.CONTROL)
+    vocab.add("</s>", TokenType.CONTROL)
+    for byte in range(256):  # byte fallback: any UTF-8 text round-trips
+        vocab.add(f"<0x{byte:02X}>", TokenType.BYTE)
+    vocab.add("<|im_start|>", TokenType.CONTROL)
+    vocab.add("<|im_end|>", TokenType.CONTROL)
+    # Single characters first (a lone "▁" must be a piece, else it detokenizes as "▁", not " ").
+    # SPM builds longer pieces by merging adjacent pieces already in the vocab, so every prefix
+    # of "▁word" must be present for "▁word" to be reachable.
+    vocab.extend(["▁", *(c for c in string.printable if not c.isspace())])
+    # Bare pieces too, for words glued to punctuation ("<tool_call>", '{"name":').
+    vocab.extend(pre + word[:n] for word in WORDS for pre in ("▁", "") for n in range(1, len(word) + 1))
+    return vocab
+
+
+def write_tiny_llama(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Write a random-weight llama-architecture chat GGUF with a ChatML template; return its path.
+
+    Greedy output is printable ASCII noise (see below); generation never ends on its own, so
+    callers bound it with ``max_tokens`` or ``stop``.
+    """
+    vocab = _llama_vocab()
+    n_vocab = len(vocab.tokens)
+    w = _Weights(seed)
+    w.normal("token_embd.weight", n_vocab, N_EMBD)
+    w.norm("output_norm", bias=False)
+    output = w.normal("output.weight", n_vocab, N_EMBD)
+    # A zero row gives logit 0 while the ~850 ordinary pieces get N(0, 1) logits, so that token
+    # never wins greedily (nor within top-k 40). Zero the special tokens (so replies are not cut
+    # short) and every byte but printable ASCII and newline: non-UTF-8 output makes
+    # llama-cpp-python's streaming hold back partial characters at 12-15 ms/token, not ~0.2 ms.
+    printable = {ord(c) for c in string.printable if c not in "\t\r\x0b\x0c"}
+    for token_id, (token, kind) in enumerate(zip(vocab.tokens, vocab.types, strict=True)):
+        is_odd_byte = kind == TokenType.BYTE and int(token[3:5], 16) not in printable
+        if is_odd_byte or kind in (TokenType.CONTROL, TokenType.UNKNOWN):
+            output[token_id] = 0.0
+    for layer in range(N_LAYER):
+        blk = f"blk.{layer}"
+        w.norm(f"{blk}.attn_norm", bias=False)
+        for proj in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            w.linear(f"{blk}.{proj}", N_EMBD, N_EMBD, bias=False)
+        w.norm(f"{blk}.ffn_norm", bias=False)
+        w.linear(f"{blk}.ffn_gate", N_FF, N_EMBD, bias=False)
+        w.linear(f"{blk}.ffn_up", N_FF, N_EMBD, bias=False)
+        w.linear(f"{blk}.ffn_down", N_EMBD, N_FF, bias=False)
+
+    def configure(writer: GGUFWriter) -> None:
+        writer.add_head_count_kv(N_HEAD)
+        writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_vocab_size(n_vocab)
+        writer.add_bos_token_id(vocab.ids["<s>"])
+        # ChatML models end a turn with <|im_end|>; as EOS it is also llama-cpp-python's stop token.
+        writer.add_eos_token_id(vocab.ids["<|im_end|>"])
+        writer.add_unk_token_id(vocab.ids["<unk>"])
+        writer.add_add_bos_token(True)
+        writer.add_add_eos_token(False)
+        writer.add_chat_template(CHATML_TEMPLATE)
+
+    return _write(
+        path,
+        "llama",
+        name="tiny-llama-chatml",
+        n_ctx_train=4096,
+        tokenizer="llama",
+        vocab=vocab,
+        weights=w,
+        configure=configure,
+    )
+
+
+# --------------------------------------------------------------------------- BERT (embed, rerank)
+
+_BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_BERT_N_CTX = 512
+
+
+def _bert_vocab() -> _Vocab:
+    vocab = _Vocab()
+    for token in _BERT_SPECIALS:
+        vocab.add(token, TokenType.UNKNOWN if token == "[UNK]" else TokenType.CONTROL)
+    # llama.cpp's WPM marks a word start with "▁" and continuations bare (HF's "##" dropped);
+    # every printable character in both forms means any ASCII text avoids [UNK].
+    chars = [c for c in string.printable if not c.isspace()]
+    vocab.extend(["▁" + c for c in chars] + chars)
+    vocab.extend("▁" + word for word in WORDS)
+    vocab.extend(("ing", "ed", "er", "ly", "es", "tion"))
+    return vocab
+
+
+def _write_bert(path: str | os.PathLike[str], *, seed: int, name: str, rank: bool) -> Path:
+    """A 2-layer BERT; ``rank`` adds the classifier head llama.cpp applies under RANK pooling."""
+    vocab = _bert_vocab()
+    w = _Weights(seed)
+    w.normal("token_embd.weight", len(vocab.tokens), N_EMBD)
+    w.normal("token_types.weight", 2, N_EMBD)
+    w.normal("position_embd.weight", _BERT_N_CTX, N_EMBD)
+    w.norm("token_embd_norm", bias=True)
+    for layer in range(N_LAYER):
+        blk = f"blk.{layer}"
+        for proj in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            w.linear(f"{blk}.{proj}", N_EMBD, N_EMBD, bias=True)
+        w.norm(f"{blk}.attn_output_norm", bias=True)
+        w.linear(f"{blk}.ffn_up", N_FF, N_EMBD, bias=True)
+        w.linear(f"{blk}.ffn_down", N_EMBD, N_FF, bias=True)
+        w.norm(f"{blk}.layer_output_norm", bias=True)
+    if rank:
+        # score = cls.output(tanh(cls(h_[CLS]))): RoBERTa's classification head, one label
+        # (llama.cpp's n_cls_out defaults to 1 without {arch}.classifier.output_labels).
+        w.linear("cls", N_EMBD, N_EMBD, bias=True)
+        w.linear("cls.output", 1, N_EMBD, bias=True)
+
+    def configure(writer: GGUFWriter) -> None:
+        writer.add_layer_norm_eps(1e-12)
+        writer.add_causal_attention(False)
+        writer.add_pooling_type(PoolingType.RANK if rank else PoolingType.MEAN)
+        writer.add_token_type_count(2)  # llama.cpp refuses a BERT without it
+        writer.add_pad_token_id(vocab.ids["[PAD]"])
+        writer.add_unk_token_id(vocab.ids["[UNK]"])
+        writer.add_bos_token_id(vocab.ids["[CLS]"])
+        writer.add_sep_token_id(vocab.ids["[SEP]"])
+        writer.add_mask_token_id(vocab.ids["[MASK]"])
+
+    return _write(
+        path,
+        "bert",
+        name=name,
+        n_ctx_train=_BERT_N_CTX,
+        tokenizer="bert",
+        vocab=vocab,
+        weights=w,
+        configure=configure,
+    )
+
+
+def write_tiny_bert_embedding(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Write a random-weight BERT embedding GGUF (mean pooling, dim 64); return its path."""
+    return _write_bert(path, seed=seed, name="tiny-bert-embedding", rank=False)
+
+
+def write_tiny_bert_reranker(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Write a random-weight BERT reranker GGUF (RANK pooling, one score per pair); return its path."""
+    return _write_bert(path, seed=seed, name="tiny-bert-reranker", rank=True)

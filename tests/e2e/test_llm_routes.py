@@ -1,0 +1,188 @@
+"""The OpenAI LLM routes through the openai SDK, on both hosts, on the tiny generated model."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import struct
+
+import pytest
+from conftest import EMBED, RERANK, TINY, Host
+
+
+async def test_chat_completion(host: Host) -> None:
+    client = host.openai()
+    completion = await client.chat.completions.create(
+        model=TINY, messages=[{"role": "user", "content": "hello"}], max_tokens=8, temperature=0
+    )
+    assert completion.object == "chat.completion"
+    assert completion.model == TINY
+    choice = completion.choices[0]
+    assert choice.message.role == "assistant"
+    assert isinstance(choice.message.content, str) and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens <= 8
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+    raw = completion.model_dump()
+    assert {"prompt_n", "predicted_n", "predicted_per_second"} <= set(raw["timings"])
+
+
+async def test_chat_stream_with_usage(host: Host) -> None:
+    client = host.openai()
+    stream = await client.chat.completions.create(
+        model=TINY,
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len({c.id for c in chunks}) == 1
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == [] and usage_chunk.usage is not None
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert usage_chunk.usage.completion_tokens == 12 or finals[0].choices[0].finish_reason == "stop"
+    # the same request without streaming produces the same text (greedy)
+    whole = await client.chat.completions.create(
+        model=TINY, messages=[{"role": "user", "content": "hello"}], max_tokens=12, temperature=0
+    )
+    assert whole.choices[0].message.content == text
+
+
+async def test_chat_stream_is_sse_and_ends_with_done(host: Host) -> None:
+    body = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
+    async with host.client() as client, client.stream("POST", "chat/completions", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line async for line in response.aiter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line[6:]) for line in lines[:-1] if line.startswith("data: ")]
+    assert all(e["object"] == "chat.completion.chunk" for e in events)
+    assert "timings" in events[-1]
+
+
+async def test_seed_reproducible_and_stop(host: Host) -> None:
+    client = host.openai()
+    kwargs = {"model": TINY, "messages": [{"role": "user", "content": "tell"}], "max_tokens": 16, "temperature": 1.0}
+    a = await client.chat.completions.create(seed=7, **kwargs)
+    b = await client.chat.completions.create(seed=7, **kwargs)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    text = a.choices[0].message.content or ""
+    assert len(text) > 4
+    stop = text[2:4]
+    c = await client.chat.completions.create(seed=7, stop=[stop], **kwargs)
+    assert stop not in (c.choices[0].message.content or "")
+    assert c.choices[0].finish_reason == "stop"
+
+
+async def test_tool_choice_required_gives_valid_call(host: Host) -> None:
+    client = host.openai()
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    completion = await client.chat.completions.create(
+        model=TINY,
+        messages=[{"role": "user", "content": "weather?"}],
+        tools=tools,
+        tool_choice="required",
+        max_tokens=64,
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+
+
+async def test_json_object_response_parses(host: Host) -> None:
+    client = host.openai()
+    completion = await client.chat.completions.create(
+        model=TINY,
+        messages=[{"role": "user", "content": "json"}],
+        response_format={"type": "json_object"},
+        max_tokens=200,
+        temperature=0,
+    )
+    if completion.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(completion.choices[0].message.content or ""), dict)
+
+
+async def test_completions(host: Host) -> None:
+    client = host.openai()
+    result = await client.completions.create(model=TINY, prompt=["one", "two"], max_tokens=4, temperature=0)
+    assert result.object == "text_completion"
+    assert sorted(c.index for c in result.choices) == [0, 1]
+    stream = await client.completions.create(model=TINY, prompt="one", max_tokens=4, temperature=0, stream=True)
+    chunks = [c async for c in stream]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == next(
+        c.text for c in result.choices if c.index == 0
+    )
+
+
+async def test_responses(host: Host) -> None:
+    client = host.openai()
+    response = await client.responses.create(model=TINY, input="hello", max_output_tokens=8, temperature=0)
+    assert response.status == "completed"
+    assert response.output_text
+    events = [
+        e
+        async for e in await client.responses.create(
+            model=TINY, input="hello", max_output_tokens=8, temperature=0, stream=True
+        )
+    ]
+    types = [e.type for e in events]
+    assert types[0] == "response.created" and types[-1] == "response.completed"
+    assert "response.output_item.added" in types and "response.output_text.delta" in types
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == response.output_text == events[-1].response.output_text
+
+
+async def test_embeddings_float_and_base64(host: Host) -> None:
+    client = host.openai()
+    # the SDK asks for base64 by default and decodes it
+    result = await client.embeddings.create(model=EMBED, input=["hello world", "something else"])
+    assert [d.index for d in result.data] == [0, 1]
+    a, b = (d.embedding for d in result.data)
+    assert len(a) == len(b) > 0 and a != b
+    assert math.isclose(sum(x * x for x in a), 1.0, rel_tol=1e-3)
+    async with host.client() as raw:
+        response = await raw.post(
+            "embeddings", json={"model": EMBED, "input": "hello world", "encoding_format": "float"}
+        )
+        floats = response.json()["data"][0]["embedding"]
+        response = await raw.post(
+            "embeddings", json={"model": EMBED, "input": "hello world", "encoding_format": "base64"}
+        )
+        encoded = response.json()["data"][0]["embedding"]
+    decoded = struct.unpack(f"<{len(floats)}f", base64.b64decode(encoded))
+    assert decoded == pytest.approx(floats, abs=1e-6)
+    assert floats == pytest.approx(a, abs=1e-5)
+
+
+@pytest.mark.parametrize("path", ["rerank", "reranking", "reranker"])
+async def test_rerank(host: Host, path: str) -> None:
+    documents = ["the cat sat", "stock markets fell", "a dog ran", "cats purr"]
+    async with host.client() as client:
+        response = await client.post(path, json={"model": RERANK, "query": "cat", "documents": documents})
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert sorted(r["index"] for r in results) == [0, 1, 2, 3]
+    scores = [r["relevance_score"] for r in results]
+    assert scores == sorted(scores, reverse=True)
+    assert len(set(scores)) > 1
