@@ -69,7 +69,7 @@ ws ::= | " " | "\n" [ \t]{0,20}
 
 
 def new_call_id() -> str:
-    """An OpenAI-style tool call id (``call_`` + 24 random alphanumerics)."""
+    """An OpenAI-style tool call id (``call_`` + 24 random hex digits)."""
     return "call_" + secrets.token_hex(12)
 
 
@@ -484,6 +484,11 @@ def _parse_json_calls(text: str, names: Iterable[str] | None) -> list[dict[str, 
 # --------------------------------------------------------------------------- streaming
 
 
+_JSON_CALL_START = re.compile(r'\s*\{\s*"name"\s*:')
+# Text that can still grow into _JSON_CALL_START.
+_JSON_CALL_PREFIX = re.compile(r'\s*\{\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?')
+
+
 def _partial_tag_start(text: str, tags: tuple[str, ...]) -> int:
     """Index where a suffix of ``text`` that could start one of ``tags`` begins, else len(text).
 
@@ -499,6 +504,14 @@ def _partial_tag_start(text: str, tags: tuple[str, ...]) -> int:
             return i
         i = text.find("<", i + 1)
     return n
+
+
+def _trailing_hold(text: str, tags: tuple[str, ...]) -> int:
+    """Like :func:`_partial_tag_start`, also holding the whitespace before it (stripped at a tag)."""
+    k = _partial_tag_start(text, tags)
+    while k > 0 and text[k - 1] in " \t\r\n":
+        k -= 1
+    return k
 
 
 class StopMatcher:
@@ -555,6 +568,8 @@ class StreamParser:
         self._tags: tuple[str, ...] = (THINK_OPEN, TOOL_OPEN) if tool_names else (THINK_OPEN,)
         self._buf = ""
         self._any_content = False
+        self._json_checked = False  # the answer's start was checked for a bare JSON tool call
+        self._json_call = False
         # Whitespace between a tag and the text it frames is formatting, not output (as llama-server).
         self._strip_content = False
         self._strip_reasoning = in_reasoning
@@ -584,6 +599,9 @@ class StreamParser:
 
     def feed(self, text: str) -> list[Event]:
         """Events decided by this delta (often one; empty while text is held back)."""
+        if not self._buf and self._mode == "content" and not self._names and not self._strip_content:
+            if "<" not in text:  # the common case, kept cheap: plain answer text
+                return [("content", text)] if text else []
         out: list[Event] = []
         self._buf += text
         while self._buf:
@@ -596,7 +614,8 @@ class StreamParser:
                     self._mode = "content"
                     self._strip_content = True
                     continue
-                k = _partial_tag_start(buf, (THINK_CLOSE,))
+                # Hold back a partial tag, and whitespace that may turn out to precede the tag.
+                k = _trailing_hold(buf, (THINK_CLOSE,))
                 self._emit("reasoning", buf[:k], out)
                 self._buf = buf[k:]
                 return out
@@ -610,18 +629,29 @@ class StreamParser:
                 self._strip_content = True
                 continue
             if self._mode == "json":
-                return out  # decided in finish()
+                # An answer opening with '{"name"' may be a bare tool call: hold it to the end.
+                # Anything else is an ordinary (JSON) answer and streams from here on.
+                if self._json_call or _JSON_CALL_START.match(buf):
+                    self._json_call = True
+                    return out
+                if _JSON_CALL_PREFIX.fullmatch(buf):
+                    return out
+                self._mode = "content"
+                self._json_checked = True
+                continue
             # content
-            if self._names and not self._any_content:
+            if self._names and not self._any_content and not self._json_checked:
                 stripped = buf.lstrip()
                 if not stripped:
                     return out
-                if stripped[0] in "{[":
+                if stripped[0] == "{":
                     self._mode = "json"
-                    return out
+                    continue
+                self._json_checked = True
             if "<" not in buf:  # fast path: no tag can start here
-                self._emit("content", buf, out)
-                self._buf = ""
+                k = _trailing_hold(buf, self._tags) if self._names else len(buf)
+                self._emit("content", buf[:k], out)
+                self._buf = buf[k:]
                 return out
             j_think = buf.find(THINK_OPEN)
             j_tool = buf.find(TOOL_OPEN) if self._names else -1
@@ -633,7 +663,7 @@ class StreamParser:
                 self._mode = "reasoning" if tag == THINK_OPEN else "tool"
                 self._strip_reasoning = tag == THINK_OPEN
                 continue
-            k = _partial_tag_start(buf, self._tags)
+            k = _trailing_hold(buf, self._tags) if self._names else _partial_tag_start(buf, self._tags)
             self._emit("content", buf[:k], out)
             self._buf = buf[k:]
             return out

@@ -300,7 +300,7 @@ class _Job:
     grammar: str | None = None
     n_probs: int | None = None  # None: no logprobs; else top alternatives per token
     prompt: str = ""
-    images: list[str] = field(default_factory=list)
+    images: list[bytes] = field(default_factory=list)  # decoded image files (vision)
 
 
 @dataclass
@@ -414,7 +414,12 @@ class LlamaCppEngine:
             raise InvalidArgument(f"ctx_size must be a positive integer, -1 or 0, got {ctx!r}")
         elif ctx == 0:
             ctx = self.n_ctx_train or DEFAULT_CTX_SIZE
-        threads = options.get("n_threads") or args.pop("n_threads", None) or _physical_cores()
+        # llama.cpp pads the context to a multiple of 256 but llama-cpp-python sizes its token buffer
+        # by the requested value: ask for the padded size so both agree.
+        ctx = -(-ctx // 256) * 256
+        # The typed option beats a -t in llamacpp_args; physical cores beat SMT siblings for decode.
+        arg_threads = args.pop("n_threads", None)
+        threads = options.get("n_threads") or arg_threads or _physical_cores()
         if not isinstance(threads, int) or threads < 1:
             raise InvalidArgument(f"n_threads must be a positive integer, got {threads!r}")
 
@@ -450,6 +455,7 @@ class LlamaCppEngine:
         self._vocab = llm._model.vocab
         self._add_bos: bool = bool(llm._model.add_bos_token())
         self._bos: int = llm.token_bos()
+        self._bos_text: str = llm._model.token_get_text(self._bos) if self._bos >= 0 else ""
         if self.n_ctx_train is None:
             self.n_ctx_train = llm._model.n_ctx_train()
         self._pieces: dict[int, tuple[bytes, bool]] = {}
@@ -476,7 +482,7 @@ class LlamaCppEngine:
         from llama_cpp import llama_chat_format
 
         model = self._llm._model
-        bos = model.token_get_text(self._bos) if self._bos >= 0 else ""
+        bos = self._bos_text
         eos_id = self._llm.token_eos()
         eos = model.token_get_text(eos_id) if eos_id >= 0 else ""
         source = None
@@ -511,6 +517,12 @@ class LlamaCppEngine:
             raise ModelLoadError(f"could not load the mmproj {os.path.basename(mmproj)}: {exc}") from exc
         self._mtmd = handler
         self._marker = mtmd_cpp.mtmd_default_marker().decode("utf-8")
+        # mtmd logs every prompt and image to stderr on its own; route it through llama-cpp-python's
+        # logger, which keeps only errors when verbose is off.
+        from llama_cpp._logger import llama_log_callback
+
+        mtmd_cpp.mtmd_log_set(llama_log_callback, None)
+        mtmd_cpp.mtmd_helper_log_set(llama_log_callback, None)
 
     # ------------------------------------------------------------------ protocol
 
@@ -661,8 +673,10 @@ class LlamaCppEngine:
     # ------------------------------------------------------------------ request parsing
 
     def _tokenize(self, text: str) -> list[int]:
-        tokens: list[int] = self._llm.tokenize(text.encode("utf-8"), add_bos=self._add_bos, special=True)
-        # Templates usually write {{ bos_token }} themselves: keep one BOS, as llama-server does.
+        # Templates usually write {{ bos_token }} themselves: keep one BOS, as llama-server does
+        # (and spare llama.cpp's "2 BOS tokens" warning on every request).
+        add_bos = self._add_bos and not (self._bos_text and text.startswith(self._bos_text))
+        tokens: list[int] = self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
         if self._add_bos and len(tokens) >= 2 and tokens[0] == tokens[1] == self._bos:
             tokens = tokens[1:]
         if not tokens:
@@ -844,15 +858,11 @@ class LlamaCppEngine:
             grammar: str | None = tool_call_grammar(tools, forced)
         else:
             grammar = response_format_grammar(body.get("response_format"))
-        if images:
-            # Vision prompts are tokenized by mtmd together with the images (see _vision_prefill).
-            tokens = []
-            if len(prompt) >= self._n_ctx * 8:
-                raise InvalidArgument("the prompt is longer than the context size allows")
-        else:
-            tokens = self._tokenize(prompt)
+        # Vision prompts are tokenized again by mtmd with their images (_vision_prefill); the text
+        # alone already tells whether the prompt fits.
+        tokens = self._tokenize(prompt)
         job = self._job(body, tokens, n_probs=n_probs, prompt=prompt, extra_stops=extra_stops, grammar=grammar)
-        job.images = images or []
+        job.images = [_decode_data_url(url) for url in images or []]
         # Grammar-constrained output starts at once, with no room for a reasoning block.
         in_reasoning = grammar is None and prompt_opens_thinking(prompt)
         if mode == "auto" and grammar is not None:
@@ -905,22 +915,17 @@ class LlamaCppEngine:
         llm = self._llm
         bitmaps = []
         try:
-            for url in job.images:
-                if not url.startswith("data:") or "," not in url:
-                    raise InvalidArgument("image_url must be a base64 data: URL")
-                import base64
-                import binascii
-
-                try:
-                    data = base64.b64decode(url.split(",", 1)[1], validate=False)
-                except (binascii.Error, ValueError) as exc:
-                    raise InvalidArgument(f"image_url is not valid base64: {exc}") from exc
+            for data in job.images:
                 try:
                     bitmaps.append(handler._create_bitmap_from_bytes(data))
                 except ValueError as exc:
                     raise InvalidArgument(f"could not decode the image: {exc}") from exc
+            prompt = job.prompt
+            bos = self._bos_text if self._add_bos else ""
+            if bos and prompt.startswith(bos):
+                prompt = prompt[len(bos) :]  # mtmd adds the BOS itself (add_special): keep one, as llama-server
             text = mtmd.mtmd_input_text()
-            raw = job.prompt.encode("utf-8")
+            raw = prompt.encode("utf-8")
             text.text = raw
             text.text_len = len(raw)
             text.add_special = self._add_bos
@@ -1280,13 +1285,19 @@ class LlamaCppEngine:
         cancelled: Cancelled,
     ) -> Iterator[dict[str, Any]]:
         want_lp = job.n_probs is not None
-        yield {
+        role = {
             **base,
             "choices": [
                 {"index": 0, "delta": {"role": "assistant", "content": None}, "logprobs": None, "finish_reason": None}
             ],
         }
+        # The role chunk waits for the prompt to be evaluated: an error found there (context, image)
+        # then still reaches the client as an HTTP error, and the first chunk marks the first token.
+        started = False
         for delta, lps in deltas:
+            if not started:
+                started = True
+                yield role
             if not delta and not lps:
                 continue
             yield {
@@ -1302,6 +1313,8 @@ class LlamaCppEngine:
             }
         if run.finish_reason == "cancelled" or cancelled():
             return  # nobody is listening: no final chunk
+        if not started:
+            yield role
         last = {
             **base,
             "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": _finish(run.finish_reason)}],
@@ -1404,6 +1417,23 @@ class LlamaCppEngine:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def _decode_data_url(url: str) -> bytes:
+    """The bytes of a base64 ``data:`` URL. Other URLs are refused: the engine fetches nothing."""
+    import base64
+    import binascii
+
+    head, sep, payload = url.partition(",")
+    if not url.startswith("data:") or not sep or not head.endswith(";base64"):
+        raise InvalidArgument("image_url must be a base64 data: URL (data:image/...;base64,...)")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidArgument(f"image_url is not valid base64: {exc}") from exc
+    if not data:
+        raise InvalidArgument("image_url holds an empty image")
+    return data
 
 
 def _finish(reason: str) -> str:

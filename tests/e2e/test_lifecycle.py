@@ -8,7 +8,8 @@ import os
 import signal
 
 import httpx
-from conftest import TINY, TINY_B, Host
+import pytest
+from conftest import CACHE_DIR, TINY, TINY_B, Host
 
 CHAT = {"messages": [{"role": "user", "content": "go"}], "temperature": 0}
 
@@ -98,3 +99,59 @@ async def test_client_disconnect_stops_generation(host: Host) -> None:
             await anext(response.aiter_lines())
             stats = (await client.get("stats")).json()
     assert 0 < stats["output_tokens"] < 1000  # the abandoned request stopped long before its 4000 tokens
+
+
+async def test_sidecar_is_private_and_unload_ends_it(host: Host) -> None:
+    async with host.client() as client:
+        await client.post("load", json={"model_name": TINY})
+        (loaded,) = (await _health(client))["all_models_loaded"]
+        socket_path = loaded["backend_url"].removeprefix("unix:")
+        assert os.stat(socket_path).st_mode & 0o777 == 0o600
+        assert os.stat(os.path.dirname(socket_path)).st_mode & 0o777 == 0o700
+        assert os.path.exists(f"/proc/{loaded['pid']}")
+        await client.post("unload", json={"model_name": TINY})
+    assert not os.path.exists(f"/proc/{loaded['pid']}")  # the process is gone, its memory with it
+    assert not os.path.exists(socket_path)
+
+
+async def test_request_ctx_size_and_save_options_priority(host: Host) -> None:
+    async with host.client() as client:
+        # ctx_size on the request that loads the model
+        body = {"model": TINY_B, "max_tokens": 2, "ctx_size": 320, **CHAT}
+        assert (await client.post("chat/completions", json=body)).status_code == 200
+        (loaded,) = (await _health(client))["all_models_loaded"]
+        assert loaded["recipe_options"]["ctx_size"] == 320
+        # saved options apply to later loads that do not name them ...
+        response = await client.post("load", json={"model_name": TINY_B, "ctx_size": 384, "save_options": True})
+        assert response.status_code == 200
+        await client.post("unload", json={})
+        assert (await client.post("chat/completions", json={**body, "ctx_size": None})).status_code == 200
+        (loaded,) = (await _health(client))["all_models_loaded"]
+        assert loaded["recipe_options"]["ctx_size"] == 384
+        assert (await client.get(f"models/{TINY_B}")).json()["recipe_options"]["ctx_size"] == 384
+        # ... and a load request's own value wins over them; -1 asks the engine to size the context
+        await client.post("load", json={"model_name": TINY_B, "ctx_size": 256})
+        assert (await _health(client))["all_models_loaded"][0]["recipe_options"]["ctx_size"] == 256
+        await client.post("load", json={"model_name": TINY_B, "ctx_size": -1})
+        auto = (await client.get(f"models/{TINY_B}")).json()["context_length"]
+        assert auto > 0
+        # forget the saved options so other tests see defaults
+        await client.post("load", json={"model_name": TINY_B, "save_options": True})
+    assert TINY_B not in json.loads((CACHE_DIR / "recipe_options.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "jp_server_config",
+    [{"ServerApp": {"jpserver_extensions": {"lemonkit": True}}, "LemonkitExtension": {"max_loaded_models": -1}}],
+)
+async def test_unlimited_slots_and_shared_loads(jupyter_host: Host, jp_serverapp: object) -> None:
+    service = jp_serverapp.web_app.settings["lemonkit"]  # type: ignore[attr-defined]
+    async with jupyter_host.client() as client:
+        before = service.manager.loads_started
+        bodies = [{"model": m, "max_tokens": 3, **CHAT} for m in (TINY, TINY, TINY, TINY_B, TINY_B)]
+        responses = await asyncio.gather(*(client.post("chat/completions", json=b) for b in bodies))
+        assert [r.status_code for r in responses] == [200] * 5
+        assert service.manager.loads_started - before == 2  # one load per model, shared by its requests
+        health = await _health(client)
+    assert sorted(m["model_name"] for m in health["all_models_loaded"]) == [TINY, TINY_B]
+    assert health["max_models"]["llm"] == -1

