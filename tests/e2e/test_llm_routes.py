@@ -90,7 +90,7 @@ async def test_tool_choice_required_gives_valid_call(host: Host) -> None:
                 "name": "get_weather",
                 "parameters": {
                     "type": "object",
-                    "properties": {"city": {"type": "string"}},
+                    "properties": {"city": {"type": "string", "maxLength": 12}},
                     "required": ["city"],
                 },
             },
@@ -138,7 +138,8 @@ async def test_completions(host: Host) -> None:
 async def test_responses(host: Host) -> None:
     client = host.openai()
     response = await client.responses.create(model=TINY, input="hello", max_output_tokens=8, temperature=0)
-    assert response.status == "completed"
+    # the tiny model never stops by itself: the token limit cuts every answer
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert response.output_text
     events = [
         e
