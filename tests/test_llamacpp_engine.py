@@ -19,7 +19,6 @@ import pytest
 from lemonkit.backends.llamacpp import (
     LlamaCppEngine,
     parse_llamacpp_args,
-    read_gguf_context_length,
 )
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotApplicable, NotEmbeddingModel
 from lemonkit.testing.tiny_gguf import write_tiny_bert_embedding, write_tiny_bert_reranker, write_tiny_llama
@@ -174,12 +173,6 @@ def test_parse_llamacpp_args():
     ):
         with pytest.raises(InvalidArgument):
             parse_llamacpp_args(bad)
-
-
-def test_read_gguf_context_length(tiny_path: Path, tmp_path: Path):
-    assert read_gguf_context_length(str(tiny_path)) == 4096
-    (tmp_path / "junk.gguf").write_bytes(b"nope")
-    assert read_gguf_context_length(str(tmp_path / "junk.gguf")) is None
 
 
 def test_info_defaults(engine: LlamaCppEngine):

@@ -26,7 +26,6 @@ import os
 import random
 import secrets
 import shlex
-import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -54,8 +53,9 @@ from lemonkit.errors import (
     ModelNotApplicable,
     NotEmbeddingModel,
 )
+from lemonkit.gguf_header import read_gguf_context_length
 
-__all__ = ["DEFAULT_CTX_SIZE", "LlamaCppEngine", "parse_llamacpp_args", "read_gguf_context_length"]
+__all__ = ["DEFAULT_CTX_SIZE", "LlamaCppEngine", "parse_llamacpp_args"]
 
 #: ``ctx_size`` when none is given: the model's trained context, capped here. Trained contexts of
 #: 32k-128k would cost GBs of KV cache per loaded model; 4096 is also Lemonade's default.
@@ -229,63 +229,6 @@ def parse_llamacpp_args(args: str) -> dict[str, Any]:
         raise InvalidArgument(f"llamacpp_args: unknown or unsupported flag {word!r}")
     out.pop("_ignored", None)
     return out
-
-
-# ----------------------------------------------------------------------------- GGUF header
-
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-
-def read_gguf_context_length(path: str) -> int | None:
-    """``{arch}.context_length`` from a GGUF header, without loading the model (None if absent).
-
-    Reads key/values in file order and stops at the answer; skipping a huge token array costs
-    one pass over its lengths.
-    """
-    try:
-        with open(path, "rb") as f:
-            if f.read(4) != b"GGUF":
-                return None
-            version = struct.unpack("<I", f.read(4))[0]
-            if version < 2:
-                return None
-            _, n_kv = struct.unpack("<QQ", f.read(16))
-
-            def read_str() -> bytes:
-                (n,) = struct.unpack("<Q", f.read(8))
-                return f.read(n)
-
-            def skip_value(vtype: int) -> Any:
-                if vtype == 8:
-                    return read_str()
-                if vtype == 9:
-                    (item_type,) = struct.unpack("<I", f.read(4))
-                    (count,) = struct.unpack("<Q", f.read(8))
-                    if item_type == 8:
-                        for _ in range(count):
-                            (n,) = struct.unpack("<Q", f.read(8))
-                            f.seek(n, 1)
-                    elif item_type in _GGUF_SCALARS:
-                        f.seek(count * struct.calcsize("<" + _GGUF_SCALARS[item_type]), 1)
-                    else:
-                        for _ in range(count):
-                            skip_value(item_type)
-                    return None
-                fmt = "<" + _GGUF_SCALARS[vtype]
-                return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
-
-            arch: str | None = None
-            for _ in range(n_kv):
-                key = read_str().decode("utf-8", "replace")
-                (vtype,) = struct.unpack("<I", f.read(4))
-                value = skip_value(vtype)
-                if key == "general.architecture" and isinstance(value, bytes):
-                    arch = value.decode()
-                elif arch is not None and key == f"{arch}.context_length":
-                    return int(value)
-    except (OSError, struct.error, KeyError, ValueError):
-        return None
-    return None
 
 
 # ----------------------------------------------------------------------------- request state
@@ -1213,30 +1156,31 @@ class LlamaCppEngine:
             in_reasoning=plan.in_reasoning, tool_names=plan.tools.names if plan.mode == "auto" and plan.tools else None
         )
         n_calls = 0
-        feed = parser.feed
+
+        def deltas(events: Any, logprobs: list[Any]) -> Iterator[tuple[dict[str, Any], list[Any] | None]]:
+            nonlocal n_calls
+            for kind, value in events:
+                if kind == "content":
+                    yield {"content": value}, logprobs or None
+                elif kind == "reasoning":
+                    yield {"reasoning_content": value}, logprobs or None
+                else:
+                    yield from self._call_deltas(n_calls, value, logprobs)
+                    n_calls += 1
+                logprobs = []  # each logprob rides on the first delta after its token
+
+        def flush(events: Any) -> Iterator[tuple[dict[str, Any], list[Any] | None]]:
+            nonlocal pending
+            for delta in deltas(events, pending):
+                pending = []
+                yield delta
+
         for text, lp in self._generate(job, run, cancelled):
             if lp is not None:
                 pending.append(self._chat_logprob(lp))
-            if not text:
-                continue
-            for kind, value in feed(text):
-                if kind == "content":
-                    yield {"content": value}, pending or None
-                elif kind == "reasoning":
-                    yield {"reasoning_content": value}, pending or None
-                else:
-                    yield from self._call_deltas(n_calls, value, pending)
-                    n_calls += 1
-                pending = []
-        for kind, value in parser.finish():
-            if kind == "content":
-                yield {"content": value}, pending or None
-            elif kind == "reasoning":
-                yield {"reasoning_content": value}, pending or None
-            else:
-                yield from self._call_deltas(n_calls, value, pending)
-                n_calls += 1
-            pending = []
+            if text:
+                yield from flush(parser.feed(text))
+        yield from flush(parser.finish())
         if n_calls and run.finish_reason != "cancelled":
             run.finish_reason = "tool_calls"
         if pending:
