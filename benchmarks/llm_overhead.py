@@ -3,7 +3,7 @@
     python benchmarks/llm_overhead.py [--rounds 5] [--tokens 128]
 
 Runs, interleaved round by round so that machine noise hits every contender alike:
-- direct: ``llama_cpp.Llama.create_completion(stream=True)`` in this process, with the
+- direct: ``llama_cpp.Llama.create_completion(stream=True)`` and the bare ``generate`` loop, in this process, with the
   engine's own defaults (physical cores, flash attention);
 - standalone: ``lemonkit serve`` in a subprocess, ``POST /api/v1/completions`` streamed;
 - jupyter: ``jupyter server`` with the extension, ``POST /lemonkit/api/v1/completions`` streamed.
@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -71,7 +72,9 @@ def _wait_live(url: str, process: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-def _start_hosts(env: dict[str, str]) -> tuple[dict[str, tuple[str, dict[str, str]]], list[subprocess.Popen[bytes]]]:
+def _start_hosts(
+    env: dict[str, str], processes: list[subprocess.Popen[bytes]]
+) -> tuple[dict[str, tuple[str, dict[str, str]]], list[subprocess.Popen[bytes]]]:
     sa_port, jp_port = _free_port(), _free_port()
     standalone = subprocess.Popen(
         [sys.executable, "-m", "lemonkit.cli", "serve", "--port", str(sa_port), "--log-level", "warning"], env=env
@@ -87,17 +90,19 @@ def _start_hosts(env: dict[str, str]) -> tuple[dict[str, tuple[str, dict[str, st
             "--ServerApp.jpserver_extensions={'lemonkit': True}",
             f"--ServerApp.root_dir={BENCH_HOME}",
             "--ServerApp.log_level=WARN",
+            *(["--allow-root"] if os.geteuid() == 0 else []),
         ],
         env=env,
         stderr=subprocess.DEVNULL,
     )
+    processes += [standalone, jupyter]
     hosts = {
         "standalone": (f"http://127.0.0.1:{sa_port}/api/v1", {}),
         "jupyter": (f"http://127.0.0.1:{jp_port}/lemonkit/api/v1", {"Authorization": f"Bearer {TOKEN}"}),
     }
     _wait_live(f"http://127.0.0.1:{sa_port}/live", standalone)
     _wait_live(f"http://127.0.0.1:{jp_port}/lemonkit/live", jupyter)
-    return hosts, [standalone, jupyter]
+    return hosts, processes
 
 
 def _decode_rate(stamps: list[float]) -> float:
@@ -117,6 +122,18 @@ def _via_api(base: str, headers: dict[str, str], model: str, tokens: int) -> tup
 
 def _direct_stream(llm: object, tokens: int) -> Iterator[dict[str, object]]:
     return llm.create_completion(PROMPT, max_tokens=tokens, temperature=0, stream=True)  # type: ignore[attr-defined]
+
+
+def _direct_generate(llm: Any, tokens: int) -> tuple[float, int]:
+    """The raw limit: llama-cpp-python's token loop with per-token detokenisation and nothing else."""
+    stamps: list[float] = []
+    eos = llm.token_eos()
+    for token in llm.generate(llm.tokenize(PROMPT.encode()), temp=0.0, reset=True):
+        if token == eos or len(stamps) == tokens:
+            break
+        llm.detokenize([token])
+        stamps.append(time.perf_counter())
+    return _decode_rate(stamps), len(stamps)
 
 
 def _direct(llm: object, tokens: int) -> tuple[float, int]:
@@ -149,16 +166,19 @@ def _bench(
         _via_api(base, headers, model, 8)  # warm up
     llm = _engine_llm(model_path)
     _direct(llm, 8)
-    rates: dict[str, list[float]] = {"direct": [], **{h: [] for h in hosts}}
+    rates: dict[str, list[float]] = {"direct": [], "generate": [], **{h: [] for h in hosts}}
     counts: dict[str, int] = {}
     for _ in range(rounds):
         rate, counts["direct"] = _direct(llm, tokens)
         rates["direct"].append(rate)
+        rate, counts["generate"] = _direct_generate(llm, tokens)
+        rates["generate"].append(rate)
         for host, (base, headers) in hosts.items():
             rate, counts[host] = _via_api(base, headers, model, tokens)
             rates[host].append(rate)
     medians = {k: statistics.median(v) for k, v in rates.items()}
     print(f"\n{name}: {tokens} tokens, {rounds} rounds, medians of decode tok/s (tokens seen: {counts})")
+    print("  direct = create_completion(stream=True); generate = the bare token loop (the engine's own path)")
     direct = medians["direct"]
     for contender, rate in medians.items():
         added = (1 / rate - 1 / direct) * 1000
@@ -189,8 +209,9 @@ def main() -> None:
 
     registry = Registry(CACHE)
     gemma_path = registry.resolve(registry.get(GEMMA)).main
-    hosts, processes = _start_hosts(env)
+    processes: list[subprocess.Popen[bytes]] = []
     try:
+        hosts, processes = _start_hosts(env, processes)
         _bench("Gemma 3 270M (bundled)", GEMMA, gemma_path, hosts, args.rounds, args.tokens)
         _bench("tiny generated llama", TINY, tiny, hosts, args.rounds, 1000)
     finally:
