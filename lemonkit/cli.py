@@ -1,7 +1,7 @@
 """The ``lemonkit`` command.
 
 - ``lemonkit serve [--host H] [--port P] [--load MODEL]``: the standalone server.
-- ``lemonkit run [MODEL]``: serve, load the model (the bundled default offline), answer one prompt, keep serving.
+- ``lemonkit run [MODEL]``: serve, load the model (the bundled default offline), continue one prompt, keep serving.
 """
 
 from __future__ import annotations
@@ -30,25 +30,30 @@ def _parser() -> argparse.ArgumentParser:
     sub.choices["serve"].add_argument("--load", metavar="MODEL", help="load this model before serving")
     run = sub.choices["run"]
     run.add_argument("model", nargs="?", default=DEFAULT_MODEL)
-    run.add_argument("--prompt", default="The three primary colors are")
+    run.add_argument("--prompt", default="The three primary colors are red,")
     return parser
 
 
 def _demo(port: int, model: str, prompt: str) -> None:
-    """Ask the running server one question through its OpenAI route, streaming the answer."""
+    """Continue ``prompt`` through the running server's OpenAI route, streaming the text as it comes.
+
+    A text completion, not a chat: the embedded default is a base model.
+    """
     import json
 
     import httpx
 
-    url = f"http://127.0.0.1:{port}/api/v1/chat/completions"
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True, "max_tokens": 48}
-    print(f"\n> {prompt}\n", flush=True)
-    with httpx.stream("POST", url, json=body, timeout=None) as response:
+    api = f"http://127.0.0.1:{port}/api/v1"
+    body = {"model": model, "prompt": prompt, "stream": True, "max_tokens": 40, "temperature": 0}
+    print(f"\n{prompt}", end="", flush=True)
+    with httpx.stream("POST", f"{api}/completions", json=body, timeout=None) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
-                delta = json.loads(line[6:])["choices"][0]["delta"] if "choices" in line else {}
-                print(delta.get("content") or "", end="", flush=True)
-    print(f"\n\nServing {model} at http://127.0.0.1:{port}/api/v1 (OpenAI-compatible). Ctrl-C stops.", flush=True)
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                print(choices[0].get("text") or "", end="", flush=True)
+    stats = httpx.get(f"{api}/stats").json()
+    print(f"\n\n[{stats['output_tokens']} tokens at {stats['tokens_per_second']:.1f} tok/s]")
+    print(f"Serving {model} at {api} (OpenAI-compatible). Ctrl-C stops.", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
