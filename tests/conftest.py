@@ -36,6 +36,7 @@ from lemonkit.testing.tiny_gguf import (  # noqa: E402
     write_tiny_bert_embedding,
     write_tiny_bert_reranker,
     write_tiny_llama,
+    write_tiny_mmproj,
 )
 
 pytest_plugins = ["jupyter_server.pytest_plugin"]
@@ -46,6 +47,7 @@ TINY = "user.tiny-llama"
 TINY_B = "user.tiny-llama-b"
 EMBED = "user.tiny-embed"
 RERANK = "user.tiny-rerank"
+VISION = "user.tiny-vision"
 GEMMA = "Gemma-3-270m-GGUF"
 
 
@@ -58,6 +60,7 @@ def _write_models() -> None:
     write_tiny_llama(snapshot / "tiny-llama-b.gguf", seed=1)
     write_tiny_bert_embedding(snapshot / "tiny-embed.gguf")
     write_tiny_bert_reranker(snapshot / "tiny-rerank.gguf")
+    write_tiny_mmproj(snapshot / "mmproj-tiny.gguf")
     (snapshot / "not-gguf.gguf").write_bytes(b"<html>this is not a model</html>")
     (snapshot / "broken-gguf.gguf").write_bytes(b"GGUF" + bytes(60))
     CACHE_DIR.mkdir(parents=True)
@@ -66,6 +69,12 @@ def _write_models() -> None:
         "tiny-llama-b": {"checkpoint": f"{TEST_REPO}:tiny-llama-b.gguf", "recipe": "llamacpp", "labels": ["chat"]},
         "tiny-embed": {"checkpoint": f"{TEST_REPO}:tiny-embed.gguf", "recipe": "llamacpp", "labels": ["embeddings"]},
         "tiny-rerank": {"checkpoint": f"{TEST_REPO}:tiny-rerank.gguf", "recipe": "llamacpp", "labels": ["reranking"]},
+        "tiny-vision": {
+            "checkpoint": f"{TEST_REPO}:tiny-llama.gguf",
+            "mmproj": "mmproj-tiny.gguf",
+            "recipe": "llamacpp",
+            "labels": ["chat", "vision"],
+        },
         "not-gguf": {"checkpoint": f"{TEST_REPO}:not-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
         "broken-gguf": {"checkpoint": f"{TEST_REPO}:broken-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
     }

@@ -18,7 +18,14 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter, PoolingType, TokenType
 
-__all__ = ["CHATML_TEMPLATE", "write_tiny_bert_embedding", "write_tiny_bert_reranker", "write_tiny_llama"]
+__all__ = [
+    "CHATML_TEMPLATE",
+    "png_data_url",
+    "write_tiny_bert_embedding",
+    "write_tiny_bert_reranker",
+    "write_tiny_llama",
+    "write_tiny_mmproj",
+]
 
 N_EMBD = 64
 N_LAYER = 2
@@ -339,3 +346,81 @@ def write_tiny_bert_embedding(path: str | os.PathLike[str], *, seed: int = 0) ->
 def write_tiny_bert_reranker(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
     """Write a random-weight BERT reranker GGUF (RANK pooling, one score per pair); return its path."""
     return _write_bert(path, seed=seed, name="tiny-bert-reranker", rank=True)
+
+
+def write_tiny_mmproj(path: str | os.PathLike[str], *, n_embd_llm: int = 64, seed: int = 0) -> Path:
+    """A random-weight SigLIP-style CLIP mmproj with llama.cpp's ``gemma3`` projector (56 px -> 4 tokens).
+
+    The same layout as real Gemma 3 / globalmm mmproj files, shrunk to one 32-wide layer.
+    """
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    embd, ffn, image, patch = 32, 64, 56, 14
+
+    def rand(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * shape[-1] ** -0.5).astype(np.float32)
+
+    def const(value: float, n: int) -> np.ndarray:
+        return np.full(n, value, dtype=np.float32)
+
+    w = GGUFWriter(str(path), "clip")
+    w.add_string("clip.projector_type", "gemma3")
+    w.add_bool("clip.has_text_encoder", False)
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.has_llava_projector", False)
+    for key, value in (
+        ("image_size", image),
+        ("patch_size", patch),
+        ("embedding_length", embd),
+        ("feed_forward_length", ffn),
+        ("projection_dim", n_embd_llm),
+        ("block_count", 1),
+        ("attention.head_count", 2),
+        ("projector.scale_factor", 2),
+    ):
+        w.add_uint32(f"clip.vision.{key}", value)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w.add_bool("clip.use_gelu", True)
+    w.add_tensor("v.patch_embd.weight", rand(embd, 3, patch, patch))
+    w.add_tensor("v.patch_embd.bias", const(0, embd))
+    w.add_tensor("v.position_embd.weight", rand((image // patch) ** 2, embd))
+    for norm in ("ln1", "ln2"):
+        w.add_tensor(f"v.blk.0.{norm}.weight", const(1, embd))
+        w.add_tensor(f"v.blk.0.{norm}.bias", const(0, embd))
+    for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
+        w.add_tensor(f"v.blk.0.{proj}.weight", rand(embd, embd))
+        w.add_tensor(f"v.blk.0.{proj}.bias", const(0, embd))
+    w.add_tensor("v.blk.0.ffn_up.weight", rand(ffn, embd))
+    w.add_tensor("v.blk.0.ffn_up.bias", const(0, ffn))
+    w.add_tensor("v.blk.0.ffn_down.weight", rand(embd, ffn))
+    w.add_tensor("v.blk.0.ffn_down.bias", const(0, embd))
+    w.add_tensor("v.post_ln.weight", const(1, embd))
+    w.add_tensor("v.post_ln.bias", const(0, embd))
+    w.add_tensor("mm.input_projection.weight", rand(embd, n_embd_llm))
+    w.add_tensor("mm.soft_emb_norm.weight", const(1, embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def png_data_url(rgb: tuple[int, int, int], size: int = 8) -> str:
+    """A solid-colour PNG as a base64 data URL (written by hand: no imaging library needed)."""
+    import base64
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    rows = b"".join(b"\x00" + bytes(rgb) * size for _ in range(size))
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+    return "data:image/png;base64," + base64.b64encode(png).decode()

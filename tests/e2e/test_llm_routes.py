@@ -8,7 +8,10 @@ import math
 import struct
 
 import pytest
-from conftest import EMBED, RERANK, TINY, Host
+from conftest import EMBED, RERANK, TINY, VISION, Host
+from openai.types.chat import ChatCompletion
+
+from lemonkit.testing.tiny_gguf import png_data_url
 
 
 async def test_chat_completion(host: Host) -> None:
@@ -187,3 +190,77 @@ async def test_rerank(host: Host, path: str) -> None:
     scores = [r["relevance_score"] for r in results]
     assert scores == sorted(scores, reverse=True)
     assert len(set(scores)) > 1
+
+
+async def test_vision_image_url_through_the_sdk(host: Host) -> None:
+    client = host.openai()
+
+    async def ask(url: str | None) -> ChatCompletion:
+        content: list[dict] = [{"type": "text", "text": "what is this?"}]
+        if url:
+            content.append({"type": "image_url", "image_url": {"url": url}})
+        return await client.chat.completions.create(
+            model=VISION, messages=[{"role": "user", "content": content}], max_tokens=6, temperature=0
+        )
+
+    text_only, red, blue = (
+        await ask(None),
+        await ask(png_data_url((220, 20, 20))),
+        await ask(png_data_url((20, 20, 220))),
+    )
+    assert red.usage.prompt_tokens > text_only.usage.prompt_tokens  # the image became tokens the model saw
+    assert red.choices[0].message.content != blue.choices[0].message.content
+    async with host.client() as raw:
+        bad = {
+            "model": VISION,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}],
+                }
+            ],
+        }
+        response = await raw.post("chat/completions", json=bad)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_argument"
+
+
+async def test_logprobs_and_streamed_tool_calls(host: Host) -> None:
+    client = host.openai()
+    result = await client.chat.completions.create(
+        model=TINY,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    tokens = result.choices[0].logprobs.content
+    assert len(tokens) == 4 and all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in tokens)
+    assert "".join(t.token for t in tokens) == result.choices[0].message.content
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"q": {"type": "string", "maxLength": 8}},
+                    "required": ["q"],
+                },
+            },
+        }
+    ]
+    stream = await client.chat.completions.create(
+        model=TINY,
+        messages=[{"role": "user", "content": "find"}],
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "lookup"}},
+        max_tokens=64,
+        stream=True,
+    )
+    chunks = [c async for c in stream]
+    parts = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert parts[0].id and parts[0].function.name == "lookup" and all(p.index == 0 for p in parts)
+    arguments = "".join(p.function.arguments or "" for p in parts)
+    assert isinstance(json.loads(arguments)["q"], str)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
