@@ -96,6 +96,7 @@ class ModelManager:
         self._last_used: str | None = None
         self._run_dir = Path(tempfile.mkdtemp(prefix="lemonkit-"))  # 0700: only we reach the sockets
         self._counter = 0
+        self._background: set[asyncio.Task[None]] = set()
         #: sidecars spawned so far (concurrent requests for a model that is loading share one)
         self.loads_started = 0
 
@@ -197,7 +198,7 @@ class ModelManager:
                 self._last_used = current.name
                 return current
             pending = self._loading.get(info.id)
-            if pending is None:
+            if pending is None or pending.done():
                 break
             with contextlib.suppress(LemonkitError):
                 await asyncio.shield(pending)  # share a load that is under way, then decide again
@@ -256,7 +257,9 @@ class ModelManager:
             log.warning("sidecar for %s failed; it will be reloaded on next use", model.name)
         if model.process.returncode is None:
             model.process.kill()
-        asyncio.get_running_loop().create_task(model.client.aclose())
+        closing = asyncio.get_running_loop().create_task(model.client.aclose())
+        self._background.add(closing)  # keep a reference until it is done
+        closing.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
         await self.unload()
