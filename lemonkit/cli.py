@@ -2,6 +2,8 @@
 
 - ``lemonkit serve [--host H] [--port P] [--load MODEL]``: the standalone server.
 - ``lemonkit run [MODEL]``: serve, load the model (the bundled default offline), continue one prompt, keep serving.
+- ``lemonkit pull|list|delete|load|unload|variants``: manage models on a running server (``LEMONKIT_URL``);
+  see :mod:`lemonkit.commands`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import sys
 import threading
 
+from lemonkit import commands
 from lemonkit.config import DEFAULT_MODEL, DEFAULT_PORT
 
 __all__ = ["main"]
@@ -31,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.choices["run"]
     run.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     run.add_argument("--prompt", default="The three primary colors are red,")
+    commands.add_parsers(sub)
     return parser
 
 
@@ -58,7 +62,10 @@ def _demo(port: int, model: str, prompt: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command in commands.COMMANDS:
+        sys.exit(commands.run(args))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("lemonkit").setLevel(args.log_level.upper())  # explicit, so the log stream keeps this level
     from lemonkit.server.standalone import serve
 
     if args.command == "serve":

@@ -8,9 +8,13 @@ variables), so one model manager sees one kind of settings object.
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from lemonkit.system_info import load_recipes
 
 __all__ = ["DEFAULT_MODEL", "DEFAULT_PORT", "Settings"]
 
@@ -45,6 +49,15 @@ class Settings:
         sidecar_timeout: Seconds a sidecar may take to load its model.
         ping_interval: Seconds of silence before a ``: ping`` comment in a stream.
         allowed_dirs: Server-local directories requests may name.
+        recipes: Recipe -> backends table of ``/v1/system-info`` and ``/v1/install`` (default: lemonkit's, with
+            the JSON file named by ``LEMONKIT_RECIPES`` merged over it; see :func:`lemonkit.system_info.load_recipes`).
+        hf_endpoint: The Hugging Face hub pulls download from (``HF_ENDPOINT``; ``None``: huggingface.co).
+        download_retention: Seconds a completed download job stays listed in ``/v1/downloads``
+            (``LEMONKIT_DOWNLOAD_RETENTION``).
+        update_check_interval: Seconds before a downloaded model's hub commit is checked again for
+            ``update_available`` (``LEMONKIT_UPDATE_CHECK_INTERVAL``).
+        pip_command: The pip that ``/v1/install`` and ``/v1/uninstall`` run (``LEMONKIT_PIP``); it must manage
+            the server's own environment, which is where backend states are read.
     """
 
     cache_dir: Path = field(default_factory=_default_cache_dir)
@@ -57,6 +70,17 @@ class Settings:
     sidecar_timeout: float = 600.0
     ping_interval: float = 10.0
     allowed_dirs: tuple[Path, ...] = ()
+    recipes: dict[str, dict[str, Any]] = field(default_factory=lambda: load_recipes(os.environ.get("LEMONKIT_RECIPES")))
+    hf_endpoint: str | None = field(default_factory=lambda: os.environ.get("HF_ENDPOINT", "").rstrip("/") or None)
+    download_retention: float = field(
+        default_factory=lambda: float(os.environ.get("LEMONKIT_DOWNLOAD_RETENTION") or 60)
+    )
+    update_check_interval: float = field(
+        default_factory=lambda: float(os.environ.get("LEMONKIT_UPDATE_CHECK_INTERVAL") or 3600)
+    )
+    pip_command: tuple[str, ...] = field(
+        default_factory=lambda: tuple(shlex.split(os.environ.get("LEMONKIT_PIP", ""))) or (sys.executable, "-m", "pip")
+    )
 
     def server_options(self, recipe: str) -> dict[str, Any]:
         """Options that environment / server flags set for a recipe (third in the priority chain)."""

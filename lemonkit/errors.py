@@ -11,6 +11,10 @@ from typing import Any
 
 __all__ = [
     "BackendError",
+    "BackendUnsupported",
+    "DownloadError",
+    "DownloadStopped",
+    "InstallError",
     "InvalidArgument",
     "InvalidJSON",
     "InvalidRequest",
@@ -81,6 +85,12 @@ class ModelLoadRefused(InvalidRequest):
     code = "model_load_refused"
 
 
+class BackendUnsupported(InvalidRequest):
+    """``POST /v1/install`` of a backend this machine cannot run (without ``force``, or with nothing to install)."""
+
+    code = "backend_unsupported"
+
+
 class Unauthorized(LemonkitError, PermissionError):
     status = 401
     type = "authentication_error"
@@ -116,6 +126,27 @@ class BackendError(LemonkitError, RuntimeError):
 
     type = "backend_error"
     code = "backend_error"
+
+
+class InstallError(LemonkitError, RuntimeError):
+    """pip failed to install or uninstall a backend's package."""
+
+    code = "install_error"
+
+
+class DownloadError(LemonkitError, RuntimeError):
+    """The hub or the network failed a pull; what was fetched stays, so pulling again resumes."""
+
+    status = 502
+    code = "download_error"
+
+
+class DownloadStopped(LemonkitError):
+    """A pull's download was paused or cancelled (``/v1/downloads/control``) before it finished."""
+
+    status = 409
+    type = "conflict_error"
+    code = "download_stopped"
 
 
 class NotEmbeddingModel(LemonkitError):

@@ -16,29 +16,28 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from lemonkit import logs
 from lemonkit.backends.base import LoadSpec
 from lemonkit.config import Settings
-from lemonkit.errors import InvalidArgument, LemonkitError, ModelLoadError, ModelLoadRefused, ModelNotFound, SlotsPinned
+from lemonkit.errors import LemonkitError, ModelLoadError, ModelLoadRefused, ModelNotFound, SlotsPinned
+from lemonkit.options import AUTO_CTX_SIZE, RECIPE_OPTIONS, ResolvedOptions, check_runnable, is_unset, resolve_options
 from lemonkit.registry import ModelInfo, Registry
 
 __all__ = ["MODEL_TYPES", "RECIPE_OPTIONS", "LoadedModel", "ModelManager"]
 
 log = logging.getLogger("lemonkit.manager")
 
-#: recipe -> the load options it understands (everything else in a request is not an option)
-RECIPE_OPTIONS: dict[str, tuple[str, ...]] = {
-    "llamacpp": ("ctx_size", "llamacpp_backend", "llamacpp_args"),
-}
 #: the types /v1/health reports slots for
 MODEL_TYPES = ("llm", "embedding", "reranking", "transcription", "image", "tts")
-_SUPPORTED_BACKENDS = {"llamacpp_backend": ("cpu",)}
 
 
 @dataclass(eq=False)
@@ -55,7 +54,8 @@ class LoadedModel:
     last_use: float = field(default_factory=time.time)
     active: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
-    log_path: Path | None = None
+    #: copies the sidecar's stderr into the log store (tagged with the model's name) until the process exits
+    stderr_task: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -74,9 +74,16 @@ class LoadedModel:
             "device": self.engine_info.get("device", "cpu"),
             "recipe": self.info.recipe,
             "pid": self.process.pid,
-            "recipe_options": self.recipe_options,
+            "recipe_options": self.reported_options(),
             "backend_url": self.backend_url,
         }
+
+    def reported_options(self) -> dict[str, Any]:
+        """The options it runs with, an automatic ``ctx_size`` (-1) given as the size the engine chose."""
+        options = dict(self.recipe_options)
+        if options.get("ctx_size") == AUTO_CTX_SIZE and self.engine_info.get("ctx_size"):
+            options["ctx_size"] = self.engine_info["ctx_size"]
+        return options
 
 
 class ModelManager:
@@ -96,6 +103,7 @@ class ModelManager:
         self._last_used: str | None = None
         self._run_dir = Path(tempfile.mkdtemp(prefix="lemonkit-"))  # 0700: only we reach the sockets
         self._counter = 0
+        self._captures: set[asyncio.Task[None]] = set()
         self._background: set[asyncio.Task[None]] = set()
         #: sidecars spawned so far (concurrent requests for a model that is loading share one)
         self.loads_started = 0
@@ -135,30 +143,14 @@ class ModelManager:
 
     # -- options -------------------------------------------------------------------------------------------------
 
-    def resolve_options(self, info: ModelInfo, request: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Options for loading ``info``: request > recipe_options.json > model row > server settings.
-
-        Raises:
-            InvalidArgument: An option names a backend this machine cannot run.
-        """
-        names = RECIPE_OPTIONS.get(info.recipe, ())
-        options: dict[str, Any] = {}
-        layers = (
-            self.settings.server_options(info.recipe),
-            info.recipe_options,
-            self.registry.saved_options(info.id),
-            request or {},
-        )
-        for layer in layers:
-            options.update({k: v for k, v in layer.items() if k in names and v is not None})
-        if options.get("ctx_size") == -1:
-            del options["ctx_size"]  # -1 means "auto": the engine sizes it from the model
-        for key, allowed in _SUPPORTED_BACKENDS.items():
-            if key in options and options[key] not in allowed:
-                raise InvalidArgument(
-                    f"{key} {options[key]!r} is not available on this machine (available: {', '.join(allowed)})"
-                )
-        return options
+    async def options_for(
+        self, info: ModelInfo, request: dict[str, Any] | None = None, *, saved: dict[str, Any] | None = None
+    ) -> ResolvedOptions:
+        """``info``'s options through the priority chain (see :mod:`lemonkit.options`), reading its saved entry
+        unless ``saved`` is given."""
+        if saved is None:
+            saved = await asyncio.to_thread(self.registry.saved_options, info.id)
+        return resolve_options(info, self.settings, saved, request)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
 
@@ -168,7 +160,7 @@ class ModelManager:
         options: dict[str, Any] | None = None,
         *,
         save_options: bool = False,
-        pinned: bool = False,
+        pinned: bool | None = None,
         reload: bool = True,
     ) -> LoadedModel:
         """Load ``name`` (or return it if it is loaded with the same options).
@@ -176,9 +168,11 @@ class ModelManager:
         Args:
             name: Model id or alias.
             options: Load options from the request (top of the priority chain).
-            save_options: Also persist ``options`` to ``recipe_options.json``.
-            pinned: Never evict this model to make room.
-            reload: Reload a loaded model whose options differ from ``options``.
+            save_options: Also persist ``options`` to ``recipe_options.json`` (replacing its options, keeping
+                ``pinned``).
+            pinned: ``True`` never evicts this model to make room, ``False`` allows it again; either is saved in
+                ``recipe_options.json`` once the model is loaded. ``None`` keeps the saved (or current) pin.
+            reload: Reload a loaded model whose resolved options differ from what this request resolves to.
 
         Raises:
             ModelNotFound: ``name`` is not registered.
@@ -187,13 +181,25 @@ class ModelManager:
             ModelLoadError: The sidecar failed to start or to load the model.
         """
         info = self.registry.get(name)
-        request_options = {k: v for k, v in (options or {}).items() if k in RECIPE_OPTIONS.get(info.recipe, ())}
-        resolved = self.resolve_options(info, request_options)
+        saved = await asyncio.to_thread(self.registry.saved_options, info.id)
+        request = {k: v for k, v in (options or {}).items() if k in RECIPE_OPTIONS.get(info.recipe, ())}
+        resolved = resolve_options(info, self.settings, saved, request).effective
+        check_runnable(resolved)
         if save_options:
-            await asyncio.to_thread(self.registry.save_options, info.id, request_options)
+            await asyncio.to_thread(self.registry.update_options, info.id, partial(_replace_options, info, request))
+        was_pinned = bool(saved.get("pinned"))
+        model = await self._acquire(info, resolved, pinned=was_pinned if pinned is None else pinned, reload=reload)
+        if pinned is not None:
+            model.pinned = pinned
+            if pinned != was_pinned:
+                await asyncio.to_thread(self.registry.update_options, info.id, partial(_set_pin, pinned))
+        return model
+
+    async def _acquire(self, info: ModelInfo, resolved: dict[str, Any], *, pinned: bool, reload: bool) -> LoadedModel:
+        """The loaded ``info`` with ``resolved`` options, sharing a load under way and starting one when needed."""
         while True:
             current = self._loaded.get(info.id)
-            if current is not None and (not reload or not options or current.recipe_options == resolved):
+            if current is not None and (not reload or current.recipe_options == resolved):
                 current.pinned = current.pinned or pinned
                 self._last_used = current.name
                 return current
@@ -202,8 +208,8 @@ class ModelManager:
                 break
             with contextlib.suppress(LemonkitError):
                 await asyncio.shield(pending)  # share a load that is under way, then decide again
-            if not reload or not options:
-                return await asyncio.shield(pending)
+            if not reload or (not pending.cancelled() and pending.exception() is not None):
+                return await asyncio.shield(pending)  # its model, or its failure: not a second attempt
         task = asyncio.create_task(self._load(info, resolved, pinned=pinned))
         self._loading[info.id] = task
         try:
@@ -245,6 +251,13 @@ class ModelManager:
             if model is None:
                 raise ModelNotFound(f"Model not loaded: {name}")
             victims = [model]
+        return await self._unload(victims)
+
+    async def unload_where(self, predicate: Callable[[LoadedModel], bool]) -> list[str]:
+        """Unload every loaded model ``predicate`` selects (those of a backend that is being uninstalled)."""
+        return await self._unload([m for m in self._loaded.values() if predicate(m)])
+
+    async def _unload(self, victims: list[LoadedModel]) -> list[str]:
         for model in victims:
             self._loaded.pop(model.name, None)
         await asyncio.gather(*(self._stop(m, drain=False) for m in victims))
@@ -263,7 +276,7 @@ class ModelManager:
 
     async def close(self) -> None:
         await self.unload()
-        for task in self._loading.values():
+        for task in (*self._loading.values(), *self._captures):
             task.cancel()
         shutil.rmtree(self._run_dir, ignore_errors=True)
 
@@ -312,26 +325,31 @@ class ModelManager:
             same_type.remove(victim)
             await self._stop(victim, drain=True)
 
+    def _capture(self, stream: asyncio.StreamReader, tag: str, tail: deque[str] | None = None) -> asyncio.Task[None]:
+        task = asyncio.create_task(logs.capture(stream, tag, tail=tail))
+        self._captures.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._captures.discard)
+        return task
+
     async def _spawn(self, info: ModelInfo, spec: LoadSpec, options: dict[str, Any]) -> LoadedModel:
         self._counter += 1
         self.loads_started += 1
         socket_path = str(self._run_dir / f"{self._counter}.sock")
-        log_path = self._run_dir / f"{self._counter}.log"
-        stderr = await asyncio.to_thread(open, log_path, "wb")
-        with stderr:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "lemonkit.backends.sidecar",
-                "--socket",
-                socket_path,
-                "--ping-interval",
-                str(self.settings.ping_interval),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=stderr,
-            )
-        assert process.stdin is not None and process.stdout is not None
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "lemonkit.backends.sidecar",
+            "--socket",
+            socket_path,
+            "--ping-interval",
+            str(self.settings.ping_interval),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+        stderr_tail: deque[str] = deque(maxlen=5)  # why a load failed, when the sidecar could not say
+        stderr_task = self._capture(process.stderr, info.id, stderr_tail)
         process.stdin.write(json.dumps(spec).encode() + b"\n")
         try:
             async with asyncio.timeout(self.settings.sidecar_timeout):
@@ -344,8 +362,10 @@ class ModelManager:
             if process.returncode is None:
                 process.kill()
             await process.wait()
-            reason = (message.get("error") or {}).get("message") or await asyncio.to_thread(_tail, log_path)
-            raise ModelLoadError(f"Failed to load {info.id}: {reason}")
+            await asyncio.wait([stderr_task], timeout=5)  # the pipe's last lines, now that the process is gone
+            reason = (message.get("error") or {}).get("message") or " | ".join(stderr_tail)
+            raise ModelLoadError(f"Failed to load {info.id}: {reason or 'the engine process exited'}")
+        self._capture(process.stdout, info.id)  # after the ready line, stdout is engine chatter: keep draining it
         transport = httpx.AsyncHTTPTransport(uds=socket_path)
         client = httpx.AsyncClient(
             transport=transport, base_url="http://sidecar", timeout=httpx.Timeout(None, connect=10.0)
@@ -357,7 +377,7 @@ class ModelManager:
             client=client,
             recipe_options=options,
             engine_info=message.get("info", {}),
-            log_path=log_path,
+            stderr_task=stderr_task,
         )
         model.idle.set()
         return model
@@ -375,18 +395,24 @@ class ModelManager:
             except TimeoutError:
                 process.kill()
                 await process.wait()
+        if model.stderr_task is not None:
+            await asyncio.wait([model.stderr_task], timeout=1)  # its last lines reach the log before "unloaded"
         await model.client.aclose()
         with contextlib.suppress(OSError):
             os.unlink(model.socket_path)
         log.info("unloaded %s", model.name)
 
 
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        text = []
-    return " | ".join(text[-lines:]) or "the engine process exited"
+def _replace_options(info: ModelInfo, options: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """``save_options``: the request's options replace the saved ones; keys that are not options stay."""
+    names = RECIPE_OPTIONS.get(info.recipe, ())
+    kept = {k: v for k, v in entry.items() if k not in names}
+    return {**kept, **{k: v for k, v in options.items() if not is_unset(k, v)}}
+
+
+def _set_pin(pinned: bool, entry: dict[str, Any]) -> dict[str, Any]:
+    entry = {k: v for k, v in entry.items() if k != "pinned"}
+    return {**entry, "pinned": True} if pinned else entry
 
 
 def _check_gguf(path: Path) -> None:

@@ -72,6 +72,7 @@ from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotFound
 from lemonkit.gguf_header import read_gguf_context_length
 
 __all__ = [
+    "COLLECTION_OMNI",
     "DEPLOYMENT_LABELS",
     "LABEL_ALIASES",
     "RECIPES",
@@ -79,6 +80,7 @@ __all__ = [
     "ModelInfo",
     "Registry",
     "ResolvedFiles",
+    "checkpoint_files",
     "labels_with_flags",
     "normalize_labels",
     "parse_checkpoint",
@@ -109,6 +111,7 @@ DEPLOYMENT_LABELS: dict[str, str] = {
 #: accepted spellings -> the label they stand for
 LABEL_ALIASES = {"embedding": "embeddings", "classifier": "classification"}
 
+COLLECTION_OMNI = "collection.omni"
 #: recipe -> (default deployment label, deployment labels its backend serves). Lemonade's recipes plus
 #: lemonkit's own engines; a recipe must be listed here before a model can use it.
 RECIPES: dict[str, tuple[str, frozenset[str]]] = {
@@ -132,6 +135,8 @@ RECIPES: dict[str, tuple[str, frozenset[str]]] = {
     "acestep": ("audio-generation", frozenset({"audio-generation"})),
     "trellis": ("3d", frozenset({"3d"})),
     "onnxruntime": ("classification", frozenset({"classification", "embeddings"})),
+    # a bundle of registered models (``components``), pulled and deleted as a unit; it has no checkpoint of its own
+    COLLECTION_OMNI: ("chat", frozenset({"chat"})),
 }
 #: recipes whose checkpoints are GGUF files picked by quant name
 _GGUF_RECIPES = frozenset({"llamacpp"})
@@ -179,6 +184,8 @@ class ModelInfo:
     aliases: tuple[str, ...] = ()
     #: set on the copies list() makes for aliases: the id of the model the alias names
     alias_of: str | None = None
+    #: a collection's component model names, in order
+    components: tuple[str, ...] = ()
 
     @property
     def type(self) -> str:
@@ -361,6 +368,40 @@ def select_gguf_files(names: Iterable[str], variant: str | None = None) -> built
     return min(groups.values(), key=rank)
 
 
+def checkpoint_files(
+    recipe: str, variant: str | None, names: Iterable[str], *, partial: bool = False
+) -> builtins.list[str]:
+    """The repo files one hub checkpoint needs, chosen from the repo's file list (the rules of the row schema).
+
+    Args:
+        recipe: The model's recipe (GGUF recipes pick a quant; others take a folder or the whole repo).
+        variant: The part after ``repo:`` (a quant, a file path, a folder), or ``None``.
+        names: Every file path in the repo (``/`` separated).
+        partial: Return those of the needed files that are in ``names`` (an incomplete download's).
+
+    Returns:
+        The needed paths (every shard of a sharded GGUF), or ``[]`` when the repo does not hold them all.
+    """
+    listed = builtins.list(names)
+    present = set(listed)
+    if variant is not None and _is_file_like(variant):
+        shard = _SHARD_RE.match(variant)
+        files = [variant]
+        if shard:
+            total = int(shard["total"])
+            files = [f"{shard['prefix']}-{i:05d}-of-{total:05d}.gguf" for i in range(1, total + 1)]
+    elif recipe in _GGUF_RECIPES:
+        files = select_gguf_files(listed, variant)
+    elif variant:
+        prefix = variant.strip("/") + "/"
+        files = sorted(n for n in listed if n.startswith(prefix))
+    else:
+        files = sorted(listed)
+    if partial:
+        return [f for f in files if f in present]
+    return files if files and all(f in present for f in files) else []
+
+
 # -- row parsing -------------------------------------------------------------------------------------------------
 
 
@@ -402,6 +443,8 @@ def _parse_row(model_id: str, row: Any, *, user: bool) -> ModelInfo:
     recipe = row.get("recipe")
     if not isinstance(recipe, str) or not recipe:
         raise ValueError("missing 'recipe'")
+    if recipe == COLLECTION_OMNI:
+        return _parse_collection(model_id, row, user=user)
     checkpoints: dict[str, str] = {}
     raw_checkpoints = row.get("checkpoints") or {}
     if not isinstance(raw_checkpoints, dict) or not all(isinstance(v, str) for v in raw_checkpoints.values()):
@@ -454,6 +497,26 @@ def _parse_row(model_id: str, row: Any, *, user: bool) -> ModelInfo:
         bundled=bundled,
         user=user,
         aliases=tuple(aliases),
+    )
+
+
+def _parse_collection(model_id: str, row: dict[str, Any], *, user: bool) -> ModelInfo:
+    components = row.get("components")
+    if not isinstance(components, list) or not components or not all(isinstance(c, str) and c for c in components):
+        raise ValueError("'components' must be a non-empty list of model names")
+    labels = _check_label_list(row.get("labels") or [])
+    validate_labels(COLLECTION_OMNI, labels)
+    size = _optional(row, "size", (int, float))
+    return ModelInfo(
+        id=model_id,
+        checkpoint="",
+        recipe=COLLECTION_OMNI,
+        labels=normalize_labels(COLLECTION_OMNI, labels),
+        size=float(size) if size is not None else None,
+        suggested=bool(row.get("suggested", False)),
+        source=_optional(row, "source", str) or "huggingface",
+        user=user,
+        components=tuple(dict.fromkeys(components)),
     )
 
 
@@ -516,6 +579,9 @@ class Registry:
         self._options_key: tuple[int, int] | None = _NEVER_READ
         self._models: dict[str, ModelInfo] = {}
         self._aliases: dict[str, str] = {}
+        #: whether the hub has a newer commit than a downloaded model's local copy (the server installs the
+        #: download manager's cached check; it must answer without network IO)
+        self.update_check: Callable[[ModelInfo], bool] = lambda info: False
         self.reload()
 
     @property
@@ -622,6 +688,73 @@ class Registry:
                 )
         return result
 
+    # -- registration ----------------------------------------------------------------------------------------------
+
+    def preview(self, name: str, row: Mapping[str, Any]) -> ModelInfo:
+        """The model that registering ``row`` as ``name`` would give, checked but not saved.
+
+        Args:
+            name: ``user.<name>``.
+            row: A ``user_models.json`` row (legacy flags allowed).
+
+        Returns:
+            The parsed model.
+
+        Raises:
+            InvalidArgument: The name is outside the ``user.`` namespace, the row breaks the schema or the label
+                rules, or a collection names a component that is not registered (or is itself a collection).
+        """
+        bare = name[len(USER_PREFIX) :] if name.startswith(USER_PREFIX) else ""
+        if not bare:
+            raise InvalidArgument(f"model_name: registering needs the user namespace, e.g. 'user.{name}'")
+        if "/" in bare or any(c.isspace() for c in bare) or len(name) > 200:
+            raise InvalidArgument("model_name: no '/', spaces or more than 200 characters")
+        try:
+            info = _parse_row(name, dict(row), user=True)
+        except ValueError as exc:
+            raise InvalidArgument(f"{name}: {exc}") from None
+        for component in info.components:
+            try:
+                part = self.get(component)
+            except ModelNotFound:
+                raise InvalidArgument(f"components: {component!r} is not a registered model") from None
+            if part.recipe == COLLECTION_OMNI:
+                raise InvalidArgument(f"components: {component!r} is a collection; collections do not nest")
+        return info
+
+    def register(self, name: str, row: Mapping[str, Any]) -> ModelInfo:
+        """Check ``row`` (see :meth:`preview`) and save it in ``user_models.json`` (atomic: temp file + rename).
+
+        Returns:
+            The registered model.
+
+        Raises:
+            InvalidArgument: As :meth:`preview`; nothing is written.
+            OSError: The file cannot be written (the old file stays intact).
+        """
+        info = self.preview(name, row)
+        self._edit_user_models(lambda rows: rows.__setitem__(name[len(USER_PREFIX) :], dict(row)), name)
+        return info
+
+    def unregister(self, name: str) -> bool:
+        """Remove a user model's entry from ``user_models.json``; ``False`` when it had none."""
+        self._refresh()
+        existed = name in self._user
+        self._edit_user_models(lambda rows: rows.pop(name[len(USER_PREFIX) :], None), name)
+        return existed
+
+    def _edit_user_models(self, change: Callable[[dict[str, Any]], None], name: str) -> None:
+        with self._lock:
+            try:  # the file as it is now: keep entries another process (the CLI) saved meanwhile
+                rows = _read_json_object(self.user_models_path)
+            except ValueError as exc:
+                raise OSError(f"{self.user_models_path} is unreadable ({exc}); fix or remove it first") from None
+            rows.pop(name, None)  # a key spelled with its prefix
+            change(rows)
+            _atomic_write_json(self.user_models_path, rows)
+            self._user_key = _NEVER_READ
+            self._refresh()
+
     # -- files -----------------------------------------------------------------------------------------------------
 
     def is_downloaded(self, info: ModelInfo) -> bool:
@@ -631,9 +764,22 @@ class Registry:
             info: The model.
 
         Returns:
-            ``True`` when the model can be loaded without pulling anything.
+            ``True`` when the model can be loaded without pulling anything (a collection: every component).
         """
+        if info.recipe == COLLECTION_OMNI:
+            parts = self.collection_parts(info)
+            return len(parts) == len(info.components) and all(self.is_downloaded(p) for p in parts)
         return all(s["present"] for s in self.checkpoint_status(info) if s["required"])
+
+    def collection_parts(self, info: ModelInfo) -> builtins.list[ModelInfo]:
+        """A collection's components that are registered, in order (a missing one is left out)."""
+        parts = []
+        for name in info.components:
+            with contextlib.suppress(ModelNotFound):
+                part = self.get(name)
+                if part.recipe != COLLECTION_OMNI:  # no nesting: a collection bundles models
+                    parts.append(part)
+        return parts
 
     def checkpoint_status(self, info: ModelInfo, include_paths: bool = False) -> builtins.list[dict[str, Any]]:
         """One ``checkpoint_status`` entry per checkpoint, as the model object reports them.
@@ -664,6 +810,36 @@ class Registry:
             status.append(entry)
         return status
 
+    def model_files(self, info: ModelInfo) -> builtins.list[dict[str, Any]]:
+        """The local files behind each checkpoint (``GET /v1/models/{id}/files``); stats only, nothing is unpacked.
+
+        A sharded GGUF lists every shard. A checkpoint that is not on disk reports where it goes: a bundled
+        model's unpacked file, a local path, or its repo's folder in the Hugging Face cache (whose partial
+        contents do not make the checkpoint exist), with ``exists`` false and size 0.
+
+        Args:
+            info: The model.
+
+        Returns:
+            ``{"name", "path", "role", "size_bytes", "exists"}`` dicts, ``main`` first.
+        """
+        files = []
+        for role, checkpoint in info.checkpoints.items():
+            found: Path | None
+            if info.bundled is not None and role == "main":
+                found = self._bundled_path(info.bundled)
+                paths = [found or self._bundled_target(info.bundled)]
+            elif _is_local(checkpoint):
+                found = Path(checkpoint).expanduser()
+                paths = [found]
+            else:
+                found = self._locate(info.recipe, checkpoint)
+                paths = _shards(found) if found is not None else [self._repo_dir(parse_checkpoint(checkpoint)[0])]
+            for path in paths:
+                size, exists = _disk_usage(path) if found is not None else (0, False)
+                files.append({"name": path.name, "path": str(path), "role": role, "size_bytes": size, "exists": exists})
+        return files
+
     def resolve(self, info: ModelInfo) -> ResolvedFiles:
         """The local files to load, materialising a bundled model's file first (slow: run it in a thread).
 
@@ -676,6 +852,9 @@ class Registry:
         Raises:
             ModelLoadError: A required checkpoint is not on disk, or a bundled package fails to unpack.
         """
+        if info.recipe == COLLECTION_OMNI:
+            names = ", ".join(info.components)
+            raise ModelLoadError(f"{info.target_id} is a collection: load its components ({names})")
         paths: dict[str, Path] = {}
         for role, checkpoint in info.checkpoints.items():
             if info.bundled is not None and role == "main":
@@ -692,11 +871,14 @@ class Registry:
         main = paths.pop("main")
         return ResolvedFiles(main=main, mmproj=paths.pop("mmproj", None), extra=paths)
 
-    def _repo_snapshots(self, repo: str) -> builtins.list[Path]:
-        """Snapshot dirs of a cached repo: the one ``refs/main`` names first, then the others, newest first."""
+    def _repo_dir(self, repo: str) -> Path:
         from huggingface_hub import constants
 
-        root = self.hf_cache / constants.REPO_ID_SEPARATOR.join(["models", *repo.split("/")])
+        return self.hf_cache / constants.REPO_ID_SEPARATOR.join(["models", *repo.split("/")])
+
+    def _repo_snapshots(self, repo: str) -> builtins.list[Path]:
+        """Snapshot dirs of a cached repo: the one ``refs/main`` names first, then the others, newest first."""
+        root = self._repo_dir(repo)
         snapshots = root / "snapshots"
         try:
             dirs = [p for p in snapshots.iterdir() if p.is_dir()]
@@ -893,7 +1075,10 @@ class Registry:
             A JSON-ready dict; ``size``, ``max_context_window`` and ``context_length`` are omitted when unknown.
         """
         status = self.checkpoint_status(info, include_paths=True)
-        downloaded = all(s["present"] for s in status if s["required"])
+        if info.recipe == COLLECTION_OMNI:
+            downloaded = self.is_downloaded(info)
+        else:
+            downloaded = all(s["present"] for s in status if s["required"])
         options = {**info.recipe_options, **self.saved_options(info.target_id)}
         max_ctx = self.max_context_window(info, status)
         configured = options.get("ctx_size")
@@ -924,16 +1109,18 @@ class Registry:
             obj["context_length"] = context_length
         obj.update(
             downloaded=downloaded,
-            update_available=False,
+            update_available=downloaded and self.update_check(info),
             suggested=info.suggested,
             labels=builtins.list(info.labels),
-            components=[],
+            components=builtins.list(info.components),
             checkpoints=dict(info.checkpoints),
             checkpoint_status=status,
             source=info.source,
             registry_source=info.registry_source,
             recipe_options=options,
         )
+        if info.recipe == COLLECTION_OMNI:
+            obj["models"] = [self.model_object(part) for part in self.collection_parts(info)]
         return obj
 
     # -- saved options ---------------------------------------------------------------------------------------------
@@ -949,6 +1136,28 @@ class Registry:
         """
         self._refresh()
         return dict(self._options.get(model_id, {}))
+
+    def update_options(self, model_id: str, change: Callable[[dict[str, Any]], Mapping[str, Any]]) -> dict[str, Any]:
+        """Read, change and write back the model's entry in ``recipe_options.json`` as one step.
+
+        Args:
+            model_id: The registered id (not an alias).
+            change: Gets a copy of the current entry (``{}`` when none), returns the new one.
+
+        Returns:
+            The entry now on disk.
+
+        Raises:
+            OSError: The file cannot be written (the old file stays intact).
+        """
+        with self._lock:  # two saves at once must not both start from the same old entry
+            self._options_key = _NEVER_READ
+            self._refresh()
+            old = self._options.get(model_id, {})
+            new = dict(change(dict(old)))
+            if new != old:
+                self.save_options(model_id, new)
+            return new
 
     def save_options(self, model_id: str, options: Mapping[str, Any]) -> None:
         """Replace the model's entry in ``recipe_options.json``, atomically (temp file + rename).
@@ -972,6 +1181,25 @@ class Registry:
             _atomic_write_json(self.recipe_options_path, data)
             self._options = data
             self._options_key = _stat_key(self.recipe_options_path)
+
+
+def _shards(path: Path) -> builtins.list[Path]:
+    """Every shard of a sharded GGUF, given its first; any other path alone."""
+    shard = _SHARD_RE.match(path.name)
+    if not shard:
+        return [path]
+    total = int(shard["total"])
+    return [path.with_name(f"{shard['prefix']}-{i:05d}-of-{total:05d}.gguf") for i in range(1, total + 1)]
+
+
+def _disk_usage(path: Path) -> tuple[int, bool]:
+    """``(bytes, exists)``: a file's size or a folder's files summed, following the hub cache's links to blobs."""
+    try:
+        if not path.is_dir():
+            return path.stat().st_size, True
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()), True
+    except OSError:
+        return 0, False
 
 
 def _atomic_write_json(path: Path, data: Any) -> None:

@@ -101,6 +101,27 @@ class Int(Num):
         return isinstance(v, int) and not isinstance(v, bool)
 
 
+class WholeNumber(Num):
+    """A whole number, which JSON may also spell ``8192.0``; ``also`` lists values allowed outside ``lo..hi``."""
+
+    kind = "integer"
+
+    def __init__(self, lo: float | None = None, hi: float | None = None, also: tuple[int, ...] = ()) -> None:
+        super().__init__(lo, hi)
+        self.also = also
+
+    def check(self, v: object, path: str) -> None:
+        Schema.check(self, v, path)
+        assert isinstance(v, (int, float))
+        if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
+            raise _bad(path, f"expected a whole number, got {v}")
+        if v in self.also:
+            return
+        if (self.lo is not None and v < self.lo) or (self.hi is not None and v > self.hi):
+            allowed = f"between {self.lo} and {self.hi}" + "".join(f" or {x}" for x in self.also)
+            raise _bad(path, f"must be {allowed}, got {v}")
+
+
 class Str(Schema):
     """A string, optionally from ``enum`` and/or passed through an extra ``rule``."""
 
@@ -435,6 +456,8 @@ RERANK = Obj(
     {"model": STR, "query": STR, "documents": Arr(STR, min_items=1), "top_n": POS_INT, "return_documents": BOOL},
     required=["query", "documents", "model"],
 )
+LLAMACPP_BACKEND = Str(["vulkan", "rocm", "metal", "cpu"])
+LLAMACPP_ARGS = Str(rule=_forbid_flags(FORBIDDEN_LLAMACPP_FLAGS))
 LOAD = Obj(
     {
         "model_name": STR,
@@ -442,8 +465,8 @@ LOAD = Obj(
         "merge_args": BOOL,
         "pinned": BOOL,
         "ctx_size": CTX_SIZE,
-        "llamacpp_backend": Str(["vulkan", "rocm", "metal", "cpu"]),
-        "llamacpp_args": Str(rule=_forbid_flags(FORBIDDEN_LLAMACPP_FLAGS)),
+        "llamacpp_backend": LLAMACPP_BACKEND,
+        "llamacpp_args": LLAMACPP_ARGS,
         "whispercpp_backend": Str(["npu", "cpu", "vulkan"]),
         "whispercpp_args": Str(rule=_forbid_flags(FORBIDDEN_WHISPERCPP_FLAGS)),
         "steps": POS_INT,
@@ -454,6 +477,40 @@ LOAD = Obj(
     required=["model_name"],
 )
 UNLOAD = Obj({"model_name": STR})
+#: Values ``POST /v1/models/{id}/options`` saves (after its null / -1 / "" / "auto" removals). Unlike a load's,
+#: ctx_size 0 is refused: the spec allows a positive size or -1, and llama.cpp's context is 32-bit.
+OPTIONS = Obj(
+    {
+        "dry_run": BOOL,
+        "ctx_size": WholeNumber(1, 2**31 - 1, also=(-1,)),
+        "llamacpp_backend": LLAMACPP_BACKEND,
+        "llamacpp_args": LLAMACPP_ARGS,
+    }
+)
+#: POST /v1/install and /v1/uninstall (which takes no ``force``); the recipe table decides which names exist
+INSTALL = Obj({"recipe": STR, "backend": STR, "stream": BOOL, "force": BOOL}, required=["recipe", "backend"])
+UNINSTALL = Obj({"recipe": STR, "backend": STR, "stream": BOOL}, required=["recipe", "backend"])
+
+#: POST /v1/pull: a registered name, or a registration (checkpoint + recipe, or a collection's components)
+PULL = Obj(
+    {
+        "model_name": STR,
+        "stream": BOOL,
+        "subscribe": BOOL,
+        "checkpoint": STR,
+        "recipe": STR,
+        "reasoning": BOOL,
+        "vision": BOOL,
+        "embedding": BOOL,
+        "reranking": BOOL,
+        "mmproj": STR,
+        "labels": Arr(STR),
+        "components": Arr(STR, min_items=1),
+    },
+    required=["model_name"],
+)
+DOWNLOADS_CONTROL = Obj({"id": STR, "action": Str(["pause", "cancel", "remove"])}, required=["id", "action"])
+DELETE = Obj({"model_name": STR}, required=["model_name"])
 
 ROUTES: dict[str, Obj] = {
     "chat/completions": CHAT,
@@ -463,6 +520,12 @@ ROUTES: dict[str, Obj] = {
     "rerank": RERANK,
     "load": LOAD,
     "unload": UNLOAD,
+    "install": INSTALL,
+    "uninstall": UNINSTALL,
+    "options": OPTIONS,
+    "pull": PULL,
+    "downloads/control": DOWNLOADS_CONTROL,
+    "delete": DELETE,
 }
 
 

@@ -6,13 +6,18 @@ milliseconds. The server calls it off the event loop all the same.
 
 Recipes are data (:data:`DEFAULT_RECIPES`): each backend names the devices it runs
 on and the Python distribution that provides it, so a speech, TTS or image recipe is
-added by adding an entry, not code.
+added by adding an entry, not code. An operator's JSON file (``LEMONKIT_RECIPES``) is
+merged over the defaults by :func:`load_recipes`: a new row, or a changed field of one
+(an index with prebuilt wheels for ``pip_args``, a pinned ``requirement``).
 """
 
 from __future__ import annotations
 
+import copy
+import importlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 import platform
 import re
@@ -20,7 +25,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_RECIPES", "backend_status", "detect_devices", "system_info"]
+__all__ = [
+    "DEFAULT_RECIPES",
+    "backend_status",
+    "detect_devices",
+    "install_requirement",
+    "load_recipes",
+    "refresh_installed",
+    "system_info",
+]
 
 #: recipe -> {"default_backend": name, "backends": {name: spec}}. A backend spec's keys, all optional:
 #:   devices      device kinds it runs on ("cpu", "amd_gpu", "nvidia_gpu", "amd_npu"); none present -> unsupported
@@ -31,6 +44,9 @@ __all__ = ["DEFAULT_RECIPES", "backend_status", "detect_devices", "system_info"]
 #:   module       top-level module that must be importable (checked with find_spec, without importing)
 #:   min_version  oldest usable version; lemonkit's own requirement for the extra wins when installed
 #:   extra        lemonkit extra that installs it, for the action text
+#:   requirement  what ``POST /v1/install`` asks pip for (default: lemonkit's own requirement for the
+#:                distribution in ``extra``, else ``distribution>=min_version``, else the distribution)
+#:   pip_args     extra ``pip install`` arguments (``--extra-index-url ...``, ``--find-links DIR``)
 DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
     "llamacpp": {
         "default_backend": "cpu",
@@ -188,6 +204,81 @@ def _required_min(distribution: str, extra: str | None) -> str | None:
         if bound:
             return bound.group(1)
     return None
+
+
+def _lemonkit_requirement(distribution: str, extra: str | None) -> str | None:
+    """lemonkit's own requirement string (no marker) for ``distribution`` in ``extra``, e.g. ``x==1.2``."""
+    try:
+        reqs = importlib.metadata.requires("lemonkit") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for req in reqs:
+        spec, _, marker = req.partition(";")
+        m = re.match(r"\s*([A-Za-z0-9._-]+)", spec)
+        in_extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
+        if m and _norm(m.group(1)) == _norm(distribution) and (in_extra.group(1) if in_extra else None) == extra:
+            return spec.strip()
+    return None
+
+
+def install_requirement(spec: Mapping[str, Any]) -> str:
+    """The pip requirement that installs (or updates) a backend to the version lemonkit wants.
+
+    Raises:
+        ValueError: The backend has no ``distribution`` (it is part of lemonkit).
+    """
+    dist = spec.get("distribution")
+    if not dist:
+        raise ValueError("the backend has no distribution to install")
+    if spec.get("requirement"):
+        return str(spec["requirement"])
+    own = _lemonkit_requirement(dist, spec.get("extra"))
+    if own:
+        return own
+    return f"{dist}>={spec['min_version']}" if spec.get("min_version") else str(dist)
+
+
+def refresh_installed() -> None:
+    """Forget what import and metadata lookups cached about installed packages (after pip changed them)."""
+    importlib.invalidate_caches()
+    # Python < 3.12's PathFinder does not reach the metadata finder's path cache (nor is its method a classmethod)
+    importlib.metadata.MetadataPathFinder().invalidate_caches()
+
+
+def load_recipes(path: str | os.PathLike[str] | None = None) -> dict[str, dict[str, Any]]:
+    """:data:`DEFAULT_RECIPES` with the operator's JSON file at ``path`` merged over it.
+
+    The file has the same shape. A recipe or backend it names that is not in the defaults is added; for
+    one that is, its ``default_backend`` and each backend field it gives replace the default's (``null``
+    removes a field).
+
+    Raises:
+        ValueError: The file is unreadable or not shaped like the table.
+    """
+    recipes = copy.deepcopy(DEFAULT_RECIPES)
+    if not path:
+        return recipes
+    try:
+        with open(path, encoding="utf-8") as f:
+            extra = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"recipes file {path}: {exc}") from None
+    if not isinstance(extra, dict):
+        raise ValueError(f"recipes file {path}: expected a JSON object of recipes")
+    for name, table in extra.items():
+        backends = table.get("backends", {}) if isinstance(table, dict) else None
+        if not isinstance(backends, dict) or not all(isinstance(b, dict) for b in backends.values()):
+            raise ValueError(f"recipes file {path}: {name}: expected {{'backends': {{name: {{...}}}}}}")
+        target = recipes.setdefault(name, {"backends": {}})
+        if table.get("default_backend"):
+            target["default_backend"] = table["default_backend"]
+        for backend, fields in backends.items():
+            args = fields.get("pip_args")
+            if args is not None and not (isinstance(args, list) and all(isinstance(a, str) for a in args)):
+                raise ValueError(f"recipes file {path}: {name}.{backend}.pip_args: expected a list of strings")
+            merged = {**target["backends"].get(backend, {}), **fields}
+            target["backends"][backend] = {k: v for k, v in merged.items() if v is not None}
+    return recipes
 
 
 def backend_status(spec: Mapping[str, Any], devices: Mapping[str, Any]) -> dict[str, Any]:

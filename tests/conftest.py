@@ -31,6 +31,7 @@ os.environ.pop("LEMONADE_API_KEY", None)
 
 import httpx  # noqa: E402
 import openai  # noqa: E402
+from hub_server import HubServer  # noqa: E402
 
 from lemonkit.testing.tiny_gguf import (  # noqa: E402
     write_tiny_bert_embedding,
@@ -184,3 +185,18 @@ def host(request: pytest.FixtureRequest) -> Iterator[Host]:
     yield host
     # leave the shared server as the next test expects it: nothing loaded
     httpx.post(host.api + "/unload", headers=host.headers, timeout=60).raise_for_status()
+
+
+@pytest.fixture
+def hub() -> Iterator[HubServer]:
+    """A local hub speaking the Hugging Face protocol (``HF_ENDPOINT`` for the code under test)."""
+    with HubServer() as server:
+        yield server
+
+
+@pytest.fixture
+def hf_online(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lift the session's HF_HUB_OFFLINE for this process: huggingface_hub read it at import."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)

@@ -712,3 +712,98 @@ def test_bundled_resource(tmp_path: Path, hf_cache: Path, monkeypatch: pytest.Mo
     assert reg.is_downloaded(info)
     assert reg.resolve(info).main == weights
     assert reg.model_object(info)["max_context_window"] == 777
+
+
+# -- registration (POST /v1/pull), collections, checkpoint files -------------------------------------------------
+
+
+def test_register_writes_atomically_and_keeps_other_entries(cache: Path, hf_cache: Path) -> None:
+    write_user_models(cache, {"kept": {"checkpoint": "o/Kept-GGUF:Q4_0", "recipe": "llamacpp"}})
+    reg = Registry(cache, hf_cache=hf_cache)
+    info = reg.register("user.New", {"checkpoint": "o/New-GGUF:Q8_0", "recipe": "llamacpp", "labels": ["reasoning"]})
+    assert info.id == "user.New" and info.user and info.labels == ("chat", "reasoning")
+    rows = json.loads((cache / "user_models.json").read_text())
+    assert set(rows) == {"kept", "New"}  # stored without the prefix, like every user entry
+    assert reg.get("user.New").checkpoint == "o/New-GGUF:Q8_0"
+    assert not list(cache.glob(".user_models.json.*"))  # no temp file left behind
+    assert reg.unregister("user.New") and not reg.unregister("user.New")
+    assert set(json.loads((cache / "user_models.json").read_text())) == {"kept"}
+    with pytest.raises(ModelNotFound):
+        reg.get("user.New")
+
+
+@pytest.mark.parametrize(
+    ("name", "row", "message"),
+    [
+        ("Plain", {"checkpoint": "o/r:Q4_0", "recipe": "llamacpp"}, "user namespace"),
+        ("user.", {"checkpoint": "o/r:Q4_0", "recipe": "llamacpp"}, "user namespace"),
+        ("user.a/b", {"checkpoint": "o/r:Q4_0", "recipe": "llamacpp"}, "no '/'"),
+        ("user.x", {"checkpoint": "o/r:Q4_0", "recipe": "llamacpp", "embedding": True, "reranking": True}, "two"),
+        ("user.x", {"checkpoint": "o/r:Q4_0", "recipe": "nope"}, "Unknown recipe"),
+        ("user.x", {"recipe": "llamacpp"}, "checkpoint"),
+        ("user.x", {"recipe": "collection.omni", "components": []}, "components"),
+        ("user.x", {"recipe": "collection.omni", "components": ["user.missing"]}, "not a registered model"),
+    ],
+)
+def test_register_refuses_and_writes_nothing(cache: Path, hf_cache: Path, name: str, row: dict, message: str) -> None:
+    reg = Registry(cache, hf_cache=hf_cache)
+    with pytest.raises(InvalidArgument, match=message):
+        reg.register(name, row)
+    assert not (cache / "user_models.json").exists()
+
+
+def test_collection_is_downloaded_when_every_component_is(cache: Path, hf_cache: Path) -> None:
+    reg = Registry(cache, hf_cache=hf_cache)
+    reg.register("user.A", {"checkpoint": "o/A-GGUF:Q4_0", "recipe": "llamacpp"})
+    kit = reg.register("user.Kit", {"recipe": "collection.omni", "components": ["user.A", "Qwen3-0.6B-GGUF"]})
+    assert kit.components == ("user.A", "Qwen3-0.6B-GGUF") and kit.checkpoints == {}
+    assert not reg.is_downloaded(kit)
+    hf_add(hf_cache, "o/A-GGUF", "A-Q4_0.gguf")
+    assert not reg.is_downloaded(kit)
+    hf_add(hf_cache, "unsloth/Qwen3-0.6B-GGUF", "Qwen3-0.6B-Q4_0.gguf")
+    assert reg.is_downloaded(kit)
+    obj = reg.model_object(kit)
+    assert obj["downloaded"] and obj["components"] == ["user.A", "Qwen3-0.6B-GGUF"]
+    assert [m["id"] for m in obj["models"]] == ["user.A", "Qwen3-0.6B-GGUF"]
+    with pytest.raises(ModelLoadError, match="collection"):
+        reg.resolve(kit)
+    with pytest.raises(InvalidArgument, match="do not nest"):
+        reg.register("user.Nested", {"recipe": "collection.omni", "components": ["user.Kit"]})
+
+
+def test_update_check_hook_only_for_downloaded_models(reg: Registry, hf_cache: Path) -> None:
+    asked: list[str] = []
+
+    def check(info: Any) -> bool:
+        asked.append(info.id)
+        return True
+
+    reg.update_check = check
+    assert reg.model_object(reg.get("Qwen3-0.6B-GGUF"))["update_available"] is False
+    hf_add(hf_cache, "unsloth/Qwen3-0.6B-GGUF", "Qwen3-0.6B-Q4_0.gguf")
+    assert reg.model_object(reg.get("Qwen3-0.6B-GGUF"))["update_available"] is True
+    assert asked == ["Qwen3-0.6B-GGUF"]
+
+
+def test_checkpoint_files() -> None:
+    from lemonkit.registry import checkpoint_files
+
+    names = [
+        "m-Q4_K_M.gguf",
+        "Q8_0/m-Q8_0-00001-of-00002.gguf",
+        "Q8_0/m-Q8_0-00002-of-00002.gguf",
+        "mmproj-m-f16.gguf",
+        "onnx/model.onnx",
+        "onnx/config.json",
+        "README.md",
+    ]
+    assert checkpoint_files("llamacpp", "Q4_K_M", names) == ["m-Q4_K_M.gguf"]
+    assert checkpoint_files("llamacpp", "q8_0", names) == names[1:3]
+    assert checkpoint_files("llamacpp", "Q8_0/m-Q8_0-00001-of-00002.gguf", names) == names[1:3]
+    assert checkpoint_files("llamacpp", "mmproj-m-f16.gguf", names) == ["mmproj-m-f16.gguf"]
+    assert checkpoint_files("llamacpp", "Q2_K", names) == []
+    assert checkpoint_files("onnxruntime", "onnx", names) == ["onnx/config.json", "onnx/model.onnx"]
+    assert checkpoint_files("onnxruntime", None, names) == sorted(names)
+    # an incomplete shard set: nothing to load, but the present shard is the model's (for delete)
+    assert checkpoint_files("llamacpp", "Q8_0", names[:2]) == []
+    assert checkpoint_files("llamacpp", "Q8_0", names[:2], partial=True) == names[1:2]

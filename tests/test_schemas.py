@@ -435,3 +435,21 @@ def test_deep_conversation_is_fast() -> None:
     t = time.perf_counter()
     validate("chat/completions", body)
     assert time.perf_counter() - t < 0.5
+
+
+def test_pull_control_and_delete_bodies() -> None:
+    validate("pull", {"model_name": "user.x", "checkpoint": "o/r:Q4_K_M", "recipe": "llamacpp", "vision": True})
+    validate("pull", {"model_name": "user.k", "recipe": "collection.omni", "components": ["a", "b"]})
+    validate("pull", {"model_name": "m", "stream": True, "subscribe": False, "do_not_upgrade": True})
+    validate("downloads/control", {"id": "model:m", "action": "remove"})
+    validate("delete", {"model_name": "m"})
+    with pytest.raises(MissingArgument, match="model_name"):
+        validate("pull", {"checkpoint": "o/r"})
+    with pytest.raises(InvalidArgument, match="subscribe: expected boolean"):
+        validate("pull", {"model_name": "m", "subscribe": "no"})
+    with pytest.raises(InvalidArgument, match=r"components: expected at least 1 item"):
+        validate("pull", {"model_name": "m", "components": []})
+    with pytest.raises(InvalidArgument, match="action: expected one of pause, cancel, remove"):
+        validate("downloads/control", {"id": "model:m", "action": "resume"})
+    with pytest.raises(MissingArgument, match="id"):
+        validate("downloads/control", {"action": "pause"})

@@ -184,3 +184,37 @@ def test_cheap() -> None:
     t = time.perf_counter()
     system_info()
     assert time.perf_counter() - t < 0.5
+
+
+def test_operator_recipes_merge_over_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "recipes.json"
+    path.write_text(
+        json.dumps(
+            {
+                "llamacpp": {"backends": {"cpu": {"pip_args": ["--extra-index-url", "https://wheels"], "extra": None}}},
+                "speech": {"default_backend": "cpu", "backends": {"cpu": {"devices": ["cpu"], "distribution": "x"}}},
+            }
+        )
+    )
+    recipes = si.load_recipes(path)
+    cpu = recipes["llamacpp"]["backends"]["cpu"]
+    assert cpu["pip_args"] == ["--extra-index-url", "https://wheels"] and "extra" not in cpu  # null removes
+    assert cpu["distribution"] == "llama-cpp-python" and set(recipes["llamacpp"]["backends"]) >= {"vulkan", "metal"}
+    assert recipes["speech"]["default_backend"] == "cpu"
+    assert "speech" not in DEFAULT_RECIPES and "pip_args" not in DEFAULT_RECIPES["llamacpp"]["backends"]["cpu"]
+    assert si.load_recipes(None) == DEFAULT_RECIPES
+    for bad in ("[1]", '{"x": {"backends": [1]}}', "{not json", '{"x": {"backends": {"y": {"pip_args": "-U"}}}}'):
+        path.write_text(bad)
+        with pytest.raises(ValueError, match="recipes file"):
+            si.load_recipes(path)
+
+
+def test_install_requirement() -> None:
+    cpu = DEFAULT_RECIPES["llamacpp"]["backends"]["cpu"]
+    own = si._lemonkit_requirement("llama-cpp-python", "llamacpp")
+    assert si.install_requirement(cpu) == (own or "llama-cpp-python>=0.3.36")  # lemonkit's own pin when installed
+    assert si.install_requirement({"distribution": "x", "min_version": "2"}) == "x>=2"
+    assert si.install_requirement({"distribution": "x"}) == "x"
+    assert si.install_requirement({"distribution": "x", "requirement": "x==1.0"}) == "x==1.0"
+    with pytest.raises(ValueError):
+        si.install_requirement({"devices": ["cpu"]})

@@ -54,12 +54,9 @@ from lemonkit.errors import (
     NotEmbeddingModel,
 )
 from lemonkit.gguf_header import read_gguf_context_length
+from lemonkit.options import DEFAULT_CTX_SIZE, llamacpp_context_size
 
 __all__ = ["DEFAULT_CTX_SIZE", "LlamaCppEngine", "parse_llamacpp_args"]
-
-#: ``ctx_size`` when none is given: the model's trained context, capped here. Trained contexts of
-#: 32k-128k would cost GBs of KV cache per loaded model; 4096 is also Lemonade's default.
-DEFAULT_CTX_SIZE = 4096
 #: Prompt batch: llama-server's physical batch size; larger buys nothing on CPU.
 DEFAULT_N_BATCH = 512
 #: llama-server's sampling defaults (``common_params_sampling``).
@@ -134,6 +131,8 @@ _SWITCHES: dict[str, tuple[str, Any]] = {
     "--mmap": ("use_mmap", True),
     "--mlock": ("use_mlock", True),
     "--swa-full": ("swa_full", True),
+    "-v": ("verbose", True),  # llama.cpp's own log on the sidecar's stderr, which reaches WS /logs/stream
+    "--verbose": ("verbose", True),
     "-nfa": ("flash_attn", False),
     "--no-flash-attn": ("flash_attn", False),
     **{
@@ -355,15 +354,10 @@ class LlamaCppEngine:
 
         self.n_ctx_train = read_gguf_context_length(path)
         ctx = options.get("ctx_size")
-        if ctx is None or ctx == -1:
-            ctx = min(self.n_ctx_train or DEFAULT_CTX_SIZE, DEFAULT_CTX_SIZE)
-        elif not isinstance(ctx, int) or isinstance(ctx, bool) or ctx < 0:
+        if ctx is not None and (not isinstance(ctx, int) or isinstance(ctx, bool) or ctx < -1):
             raise InvalidArgument(f"ctx_size must be a positive integer, -1 or 0, got {ctx!r}")
-        elif ctx == 0:
-            ctx = self.n_ctx_train or DEFAULT_CTX_SIZE
-        # llama.cpp pads the context to a multiple of 256 but llama-cpp-python sizes its token buffer
-        # by the requested value: ask for the padded size so both agree.
-        ctx = -(-ctx // 256) * 256
+        # The server predicts this size (the options routes' resolved_ctx_size) with the same function.
+        ctx = llamacpp_context_size(ctx, self.n_ctx_train)
         # The typed option beats a -t in llamacpp_args; physical cores beat SMT siblings for decode.
         arg_threads = args.pop("n_threads", None)
         threads = options.get("n_threads") or arg_threads or _physical_cores()

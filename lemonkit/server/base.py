@@ -9,27 +9,29 @@ authentication. See :func:`lemonkit.server.routes.build`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from tornado import web
+from tornado import web, websocket
 from tornado.iostream import StreamClosedError
 
 from lemonkit import schemas
-from lemonkit.errors import BackendError, InvalidJSON, LemonkitError, NotFound
+from lemonkit.errors import BackendError, InvalidJSON, InvalidRequest, LemonkitError, NotFound
 from lemonkit.server.service import SETTINGS_KEY, Service
 
 if TYPE_CHECKING:
     from lemonkit.manager import LoadedModel
 
     _Base = web.RequestHandler
+    _WebSocketBase = websocket.WebSocketHandler
 else:
-    _Base = object
+    _Base = _WebSocketBase = object
 
-__all__ = ["SSE_HEADERS", "LemonkitHandler", "allow_unauthenticated"]
+__all__ = ["SSE_HEADERS", "LemonkitHandler", "LemonkitWebSocket", "allow_unauthenticated"]
 
 log = logging.getLogger("lemonkit.server")
 
@@ -231,6 +233,26 @@ def _sidecar_error(raw: bytes, status: int) -> LemonkitError:
         return err
     except (ValueError, KeyError, TypeError, AttributeError):
         return BackendError(f"The engine answered {status}: {raw[:200]!r}", status=status)
+
+
+class LemonkitWebSocket(LemonkitHandler, _WebSocketBase):
+    """Shared base of the WebSocket routes; each host joins it to a WebSocket host base (auth before the upgrade).
+
+    Everything refused before the upgrade (credentials, a request that is not an upgrade) is a JSON error
+    like any route's; after it, errors are ``{"type": "error", "error": {...}}`` messages.
+    """
+
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        # Tornado's own answer is plain text: check first, so that it is a JSON error like any other
+        if self.request.headers.get("Upgrade", "").lower() != "websocket":
+            raise InvalidRequest(
+                "This route is a WebSocket: send an 'Upgrade: websocket' request", code="not_websocket"
+            )
+        await super().get(*args, **kwargs)
+
+    def send_error_message(self, err: LemonkitError) -> None:
+        with contextlib.suppress(websocket.WebSocketClosedError):
+            self.write_message(json.dumps({"type": "error", **err.to_dict()}))
 
 
 class NotFoundHandler(LemonkitHandler):

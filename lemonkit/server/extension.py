@@ -2,29 +2,38 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from jupyter_server.base.handlers import APIHandler
+from jupyter_server.base.handlers import JupyterHandler as JupyterBaseHandler
+from jupyter_server.base.websocket import WebSocketMixin
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.extension.handler import ExtensionHandlerMixin
-from tornado import web
-from traitlets import Int, Unicode, default
+from tornado import web, websocket
+from traitlets import Int, List, Unicode, default
 
 from lemonkit.config import Settings
 from lemonkit.errors import Unauthorized
 from lemonkit.server import routes
 from lemonkit.server.service import SETTINGS_KEY, Service
+from lemonkit.system_info import load_recipes
 
-__all__ = ["JupyterHandler", "LemonkitExtension"]
+__all__ = ["JupyterHandler", "JupyterWebSocketHandler", "LemonkitExtension"]
 
 _MISSING = "Jupyter credentials are required: send 'Authorization: Bearer <jupyter token>'"
 
 
-class JupyterHandler(ExtensionHandlerMixin, APIHandler):
-    """Host base: Jupyter's identity (token, ``Authorization: Bearer``, XSRF for browsers) on every route but live."""
+class _RequireUser:
+    """Jupyter's own ``prepare`` identifies the user; refuse (401) when there is none, whatever the server's
+    ``allow_unauthenticated_access``."""
 
-    async def prepare(self) -> None:  # type: ignore[override]
+    current_user: Any
+
+    async def prepare(self) -> None:
         required = getattr(self, "auth_required", True)
         try:
-            await super().prepare()
+            await super().prepare()  # type: ignore[misc]
         except web.HTTPError as exc:
             # Jupyter answers a request without credentials 403 (XSRF or login); say what is missing instead
             if exc.status_code == 403 and required and self.current_user is None:
@@ -32,6 +41,17 @@ class JupyterHandler(ExtensionHandlerMixin, APIHandler):
             raise
         if required and self.current_user is None:
             raise Unauthorized(_MISSING)
+
+
+class JupyterHandler(ExtensionHandlerMixin, _RequireUser, APIHandler):  # type: ignore[misc]
+    """Host base: Jupyter's identity (token, ``Authorization: Bearer``, XSRF for browsers) on every route but live."""
+
+
+class JupyterWebSocketHandler(  # type: ignore[misc]
+    ExtensionHandlerMixin, _RequireUser, WebSocketMixin, websocket.WebSocketHandler, JupyterBaseHandler
+):
+    """Host base of the WebSocket routes, combined as jupyter_server's own kernel WebSocket is: its identity
+    (``?token=`` or the Authorization header) checked before the upgrade, its origin check and pings."""
 
 
 class LemonkitExtension(ExtensionApp):
@@ -45,6 +65,10 @@ class LemonkitExtension(ExtensionApp):
     )
     max_loaded_models = Int(help="Models kept loaded per type; -1 for no limit").tag(config=True)
     llamacpp_args = Unicode(help="Default llama.cpp flags for every llamacpp model").tag(config=True)
+    recipes_file = Unicode(help="JSON recipe/backend rows merged over lemonkit's own (default: $LEMONKIT_RECIPES)").tag(
+        config=True
+    )
+    pip_command = List(Unicode(), help="The pip that installs backends (default: this Python's)").tag(config=True)
 
     @default("cache_dir")
     def _cache_dir_default(self) -> str:
@@ -58,18 +82,30 @@ class LemonkitExtension(ExtensionApp):
     def _llamacpp_args_default(self) -> str:
         return Settings().llamacpp_args
 
+    @default("recipes_file")
+    def _recipes_file_default(self) -> str:
+        return os.environ.get("LEMONKIT_RECIPES", "")
+
+    @default("pip_command")
+    def _pip_command_default(self) -> list[str]:
+        return list(Settings().pip_command)
+
     def initialize_settings(self) -> None:
         from pathlib import Path
 
         settings = Settings(
-            cache_dir=Path(self.cache_dir), max_loaded_models=self.max_loaded_models, llamacpp_args=self.llamacpp_args
+            cache_dir=Path(self.cache_dir),
+            max_loaded_models=self.max_loaded_models,
+            llamacpp_args=self.llamacpp_args,
+            recipes=load_recipes(self.recipes_file or None),
+            pip_command=tuple(self.pip_command),
         )
         settings.api_key = None  # Jupyter's own auth guards every route
         self.service = Service(settings)
         self.settings.update({SETTINGS_KEY: self.service})
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend(routes.build("lemonkit/", JupyterHandler))
+        self.handlers.extend(routes.build("lemonkit/", JupyterHandler, JupyterWebSocketHandler))
 
     async def stop_extension(self) -> None:
         await self.service.close()

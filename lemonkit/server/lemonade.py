@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from lemonkit.options import RECIPE_OPTIONS
 from lemonkit.server.base import LemonkitHandler, allow_unauthenticated
 from lemonkit.system_info import system_info
 
 __all__ = ["HealthHandler", "LiveHandler", "LoadHandler", "StatsHandler", "SystemInfoHandler", "UnloadHandler"]
-
-_LOAD_OPTIONS = ("ctx_size", "llamacpp_backend", "llamacpp_args")
 
 
 class LoadHandler(LemonkitHandler):
@@ -18,12 +17,12 @@ class LoadHandler(LemonkitHandler):
 
     async def post(self) -> None:
         body = self.json_body()
-        options: dict[str, Any] = {k: body[k] for k in _LOAD_OPTIONS if k in body}
+        options: dict[str, Any] = {k: body[k] for names in RECIPE_OPTIONS.values() for k in names if k in body}
         model = await self.service.manager.load(
             body["model_name"],
             options,
             save_options=bool(body.get("save_options")),
-            pinned=bool(body.get("pinned")),
+            pinned=body.get("pinned"),  # absent or null: keep the pin saved in recipe_options.json
         )
         self.write_json({"status": "success", "message": f"Loaded model: {model.name}"})
 
@@ -49,7 +48,7 @@ class StatsHandler(LemonkitHandler):
 
 class SystemInfoHandler(LemonkitHandler):
     async def get(self) -> None:
-        self.write_json(await asyncio.to_thread(system_info))
+        self.write_json(await asyncio.to_thread(system_info, self.service.settings.recipes))
 
 
 class LiveHandler(LemonkitHandler):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lemonkit.server import lemonade, openai
-from lemonkit.server.base import LemonkitHandler, NotFoundHandler
+from lemonkit.server import downloads, install, lemonade, logs, openai, options
+from lemonkit.server.base import LemonkitHandler, LemonkitWebSocket, NotFoundHandler
 
-__all__ = ["API_PREFIXES", "API_ROUTES", "build"]
+__all__ = ["API_PREFIXES", "API_ROUTES", "WS_ROUTES", "build"]
 
 #: every versioned route is served under each of these
 API_PREFIXES = ("api/v1/", "v1/", "api/v0/", "v0/")
@@ -19,28 +19,48 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("embeddings", openai.EmbeddingsHandler),
     ("(?:rerank|reranking|reranker)", openai.RerankHandler),
     ("models", openai.ModelsHandler),
+    ("models/(?P<model_id>[^/]+)/files", options.ModelFilesHandler),
+    ("models/(?P<model_id>[^/]+)/options", options.ModelOptionsHandler),
     ("models/(?P<model_id>[^/]+)", openai.ModelHandler),
     ("load", lemonade.LoadHandler),
     ("unload", lemonade.UnloadHandler),
     ("health", lemonade.HealthHandler),
     ("stats", lemonade.StatsHandler),
     ("system-info", lemonade.SystemInfoHandler),
+    ("pull", downloads.PullHandler),
+    ("pull/variants", downloads.VariantsHandler),
+    ("downloads", downloads.DownloadsHandler),
+    ("downloads/control", downloads.DownloadsControlHandler),
+    ("delete", downloads.DeleteHandler),
+    ("install", install.InstallHandler),
+    ("uninstall", install.UninstallHandler),
+]
+
+#: WebSocket routes, unversioned like ``/live`` (the spec serves them from the root of its WebSocket port)
+WS_ROUTES: list[tuple[str, type[LemonkitWebSocket]]] = [
+    ("logs/stream", logs.LogStreamHandler),
 ]
 
 
-def build(root: str, host_base: type[Any]) -> list[tuple[str, type[Any]]]:
-    """Tornado rules for every route under ``root`` (ending in ``/``), each handler joined to ``host_base``.
+def build(root: str, host_base: type[Any], ws_base: type[Any]) -> list[tuple[str, type[Any]]]:
+    """Tornado rules for every route under ``root`` (ending in ``/``), each handler joined to its host's base.
+
+    Args:
+        root: The mount point.
+        host_base: The host's request handler class (its authentication) for HTTP routes.
+        ws_base: The host's WebSocket handler class (the same authentication, before the upgrade).
 
     The last rule answers any other path under ``root`` with a JSON 404.
     """
     concrete: dict[type[LemonkitHandler], type[Any]] = {}
 
-    def host(cls: type[LemonkitHandler]) -> type[Any]:
+    def host(cls: type[LemonkitHandler], base: type[Any] = host_base) -> type[Any]:
         if cls not in concrete:
-            concrete[cls] = type(cls.__name__, (cls, host_base), {})
+            concrete[cls] = type(cls.__name__, (cls, base), {})
         return concrete[cls]
 
     rules = [(f"{root}{prefix}{path}/?", host(cls)) for prefix in API_PREFIXES for path, cls in API_ROUTES]
     rules.append((f"{root}live/?", host(lemonade.LiveHandler)))
+    rules += [(f"{root}{path}/?", host(cls, ws_base)) for path, cls in WS_ROUTES]
     rules.append((f"{root}.*", host(NotFoundHandler)))
     return rules

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from lemonkit import logs
 from lemonkit.config import Settings
+from lemonkit.downloads import DownloadManager
+from lemonkit.installer import Installer
 from lemonkit.manager import ModelManager
 from lemonkit.registry import Registry
 
@@ -24,6 +27,10 @@ class Service:
         self.settings.cache_dir.mkdir(parents=True, exist_ok=True)
         self.registry = Registry(self.settings.cache_dir)
         self.manager = ModelManager(self.settings, self.registry)
+        self.downloads = DownloadManager(self.settings, self.registry)
+        self.installer = Installer(self.settings, self.manager)
+        logs.install()  # the log stream starts with the server
 
     async def close(self) -> None:
+        await self.downloads.close()
         await self.manager.close()

