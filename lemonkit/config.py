@@ -69,7 +69,11 @@ class Settings:
     api_key: str | None = field(default_factory=lambda: os.environ.get("LEMONADE_API_KEY") or None)
     sidecar_timeout: float = 600.0
     ping_interval: float = 10.0
-    allowed_dirs: tuple[Path, ...] = ()
+    allowed_dirs: tuple[Path, ...] = field(
+        default_factory=lambda: tuple(
+            Path(p) for p in os.environ.get("LEMONKIT_ALLOWED_DIRS", "").split(os.pathsep) if p.strip()
+        )
+    )
     recipes: dict[str, dict[str, Any]] = field(default_factory=lambda: load_recipes(os.environ.get("LEMONKIT_RECIPES")))
     hf_endpoint: str | None = field(default_factory=lambda: os.environ.get("HF_ENDPOINT", "").rstrip("/") or None)
     download_retention: float = field(

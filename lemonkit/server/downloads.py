@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from lemonkit.downloads import STOPPED, Job, progress_events
@@ -20,7 +21,7 @@ from lemonkit.errors import (
     LemonkitError,
     MissingArgument,
 )
-from lemonkit.registry import COLLECTION_OMNI, ModelInfo, labels_with_flags
+from lemonkit.registry import COLLECTION_OMNI, ModelInfo, _is_local, labels_with_flags
 from lemonkit.server.base import LemonkitHandler
 
 __all__ = ["DeleteHandler", "DownloadsControlHandler", "DownloadsHandler", "PullHandler", "VariantsHandler"]
@@ -82,11 +83,24 @@ class PullHandler(LemonkitHandler):
             row["checkpoint"] = body["checkpoint"]
             if body.get("mmproj"):
                 row["mmproj"] = body["mmproj"]
+        for field in ("checkpoint", "mmproj"):
+            if isinstance(row.get(field), str):
+                self._check_local(field, row[field])
         flags = {k: bool(body.get(k)) for k in ("reasoning", "vision", "embedding", "reranking")}
         labels = labels_with_flags(body.get("labels") or [], **flags)
         if labels:
             row["labels"] = labels
         return registry.preview(name, row), row
+
+    def _check_local(self, field: str, checkpoint: str) -> None:
+        """A request may name a server-local file only inside a directory the operator allowed."""
+        if not _is_local(checkpoint):
+            return
+        path = Path(checkpoint.partition(":")[0]).expanduser().resolve()
+        if not any(
+            path.is_relative_to(allowed.expanduser().resolve()) for allowed in self.service.settings.allowed_dirs
+        ):
+            raise InvalidArgument(f"{field}: {checkpoint!r} is a server-local path outside the directories allowed")
 
     async def _frames(self, job: Job) -> AsyncIterator[bytes]:
         async for event, data in progress_events(job, self.service.settings.ping_interval):

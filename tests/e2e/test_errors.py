@@ -42,6 +42,20 @@ CASES = [
     ("load", {"model_name": "user.not-gguf"}, 400, "model_load_refused"),
     ("load", {"model_name": "user.broken-gguf"}, 500, "model_load_error"),
     ("unload", {"model_name": 3}, 400, "invalid_argument"),
+    # a request may not point the server at its own files
+    ("pull", {"model_name": "user.sneaky", "checkpoint": "/etc/passwd", "recipe": "llamacpp"}, 400, "invalid_argument"),
+    (
+        "pull",
+        {
+            "model_name": "user.sneaky",
+            "checkpoint": "org/repo:q4.gguf",
+            "mmproj": "~/.ssh/id_rsa",
+            "recipe": "llamacpp",
+            "vision": True,
+        },
+        400,
+        "invalid_argument",
+    ),
 ]
 
 
