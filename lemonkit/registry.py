@@ -319,6 +319,15 @@ def parse_checkpoint(checkpoint: str) -> tuple[str, str | None]:
     return repo, (variant or None) if sep else None
 
 
+def _shard_set(file: str) -> list[str]:
+    """Every shard of the sharded GGUF ``file`` names (``-00001-of-00003.gguf``), or just ``file``."""
+    shard = _SHARD_RE.match(file)
+    if not shard:
+        return [file]
+    total = int(shard["total"])
+    return [f"{shard['prefix']}-{i:05d}-of-{total:05d}.gguf" for i in range(1, total + 1)]
+
+
 def _is_local(checkpoint: str) -> bool:
     return os.path.isabs(checkpoint) or checkpoint.startswith("~")
 
@@ -385,11 +394,7 @@ def checkpoint_files(
     listed = builtins.list(names)
     present = set(listed)
     if variant is not None and _is_file_like(variant):
-        shard = _SHARD_RE.match(variant)
-        files = [variant]
-        if shard:
-            total = int(shard["total"])
-            files = [f"{shard['prefix']}-{i:05d}-of-{total:05d}.gguf" for i in range(1, total + 1)]
+        files = _shard_set(variant)
     elif recipe in _GGUF_RECIPES:
         files = select_gguf_files(listed, variant)
     elif variant:
@@ -913,11 +918,7 @@ class Registry:
         # Hub downloads land in blobs/*.incomplete and are linked into snapshots/ only when complete, so a
         # snapshot entry that resolves to a file is a whole file; a dangling link is not.
         if variant is not None and _is_file_like(variant):
-            shard = _SHARD_RE.match(variant)
-            files = [variant]
-            if shard:
-                total = int(shard["total"])
-                files = [f"{shard['prefix']}-{i:05d}-of-{total:05d}.gguf" for i in range(1, total + 1)]
+            files = _shard_set(variant)
             return snapshot / variant if all((snapshot / f).is_file() for f in files) else None
         if quant:
             names = []
