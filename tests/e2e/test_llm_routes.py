@@ -14,6 +14,12 @@ from openai.types.chat import ChatCompletion
 from lemonkit.testing.tiny_gguf import png_data_url
 
 
+def _tool(name: str, argument: str) -> dict:
+    """A one-argument function tool; the length cap lets the random tiny model close the string in time."""
+    schema = {"type": "object", "properties": {argument: {"type": "string", "maxLength": 8}}, "required": [argument]}
+    return {"type": "function", "function": {"name": name, "parameters": schema}}
+
+
 async def test_chat_completion(host: Host) -> None:
     client = host.openai()
     completion = await client.chat.completions.create(
@@ -86,19 +92,7 @@ async def test_seed_reproducible_and_stop(host: Host) -> None:
 
 async def test_tool_choice_required_gives_valid_call(host: Host) -> None:
     client = host.openai()
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"city": {"type": "string", "maxLength": 12}},
-                    "required": ["city"],
-                },
-            },
-        }
-    ]
+    tools = [_tool("get_weather", "city")]
     completion = await client.chat.completions.create(
         model=TINY,
         messages=[{"role": "user", "content": "weather?"}],
@@ -237,19 +231,7 @@ async def test_logprobs_and_streamed_tool_calls(host: Host) -> None:
     tokens = result.choices[0].logprobs.content
     assert len(tokens) == 4 and all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in tokens)
     assert "".join(t.token for t in tokens) == result.choices[0].message.content
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "lookup",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"q": {"type": "string", "maxLength": 8}},
-                    "required": ["q"],
-                },
-            },
-        }
-    ]
+    tools = [_tool("lookup", "q")]
     stream = await client.chat.completions.create(
         model=TINY,
         messages=[{"role": "user", "content": "find"}],
