@@ -4,9 +4,39 @@ from __future__ import annotations
 
 from typing import Any
 
+from lemonkit.api import default_client, pull
+from lemonkit.client import AsyncClient, Client, ServerUnavailable
+from lemonkit.errors import (
+    DownloadError,
+    DownloadStopped,
+    InvalidArgument,
+    InvalidRequest,
+    LemonkitError,
+    ModelLoadError,
+    ModelNotFound,
+    NotFound,
+    Unauthorized,
+)
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "DownloadError",
+    "DownloadStopped",
+    "InvalidArgument",
+    "InvalidRequest",
+    "LemonkitError",
+    "ModelLoadError",
+    "ModelNotFound",
+    "NotFound",
+    "ServerUnavailable",
+    "Unauthorized",
+    "__version__",
+    "default_client",
+    "pull",
+]
 
 
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:

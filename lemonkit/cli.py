@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 import threading
@@ -30,7 +31,10 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--host", default="127.0.0.1")
         cmd.add_argument("--port", type=int, default=DEFAULT_PORT)
         cmd.add_argument("--log-level", default="info")
-    sub.choices["serve"].add_argument("--load", metavar="MODEL", help="load this model before serving")
+    serve = sub.choices["serve"]
+    serve.add_argument("--load", metavar="MODEL", help="load this model before serving")
+    # lemonkit.client's embedded server: announces its port on stdout, exits when its stdin closes
+    serve.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     run = sub.choices["run"]
     run.add_argument("model", nargs="?", default=DEFAULT_MODEL)
     run.add_argument("--prompt", default="The three primary colors are red,")
@@ -43,8 +47,6 @@ def _demo(port: int, model: str, prompt: str) -> None:
 
     A text completion, not a chat: the embedded default is a base model.
     """
-    import json
-
     import httpx
 
     api = f"http://127.0.0.1:{port}/api/v1"
@@ -60,6 +62,10 @@ def _demo(port: int, model: str, prompt: str) -> None:
     print(f"Serving {model} at {api} (OpenAI-compatible). Ctrl-C stops.", flush=True)
 
 
+def _announce(port: int) -> None:
+    print(json.dumps({"port": port}), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command in commands.COMMANDS:
@@ -69,7 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     from lemonkit.server.standalone import serve
 
     if args.command == "serve":
-        asyncio.run(serve(host=args.host, port=args.port, preload=args.load))
+        announce = _announce if args.embedded else None
+        asyncio.run(
+            serve(host=args.host, port=args.port, preload=args.load, ready=announce, until_stdin_closes=args.embedded)
+        )
         return
 
     def ready(port: int) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "NotFound",
     "SlotsPinned",
     "Unauthorized",
+    "error_from_body",
 ]
 
 
@@ -155,3 +156,33 @@ class NotEmbeddingModel(LemonkitError):
     status = 501
     type = "not_implemented_error"
     code = "model_not_applicable"
+
+
+def _classes(cls: type[LemonkitError]) -> list[type[LemonkitError]]:
+    found = [cls]
+    for sub in cls.__subclasses__():
+        found += _classes(sub)
+    return found
+
+
+def error_from_body(status: int | None, body: Any, text: str = "") -> LemonkitError:
+    """The exception a client raises for an error answer: the class whose ``code`` the body names (the most
+    general one when several share it), else the closest class for ``status``.
+
+    Args:
+        status: The HTTP status; ``None`` for an error event inside a stream (the class's own status then).
+        body: The parsed JSON answer (``{"error": {...}}``), or ``None`` when it was not JSON.
+        text: The raw answer, the message when the body has none.
+    """
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        error = {"message": error if isinstance(error, str) else text[:500] or f"HTTP {status}"}
+    code = error.get("code")
+    by_code = [c for c in _classes(LemonkitError) if c.code == code]
+    cls = next((c for c in by_code if status in (None, c.status)), None)
+    if cls is None:
+        cls = {400: InvalidRequest, 401: Unauthorized, 404: NotFound}.get(status or 0, LemonkitError)
+    exc = cls(str(error.get("message")), status=status, code=code)
+    if isinstance(error.get("type"), str):
+        exc.type = error["type"]
+    return exc

@@ -6,6 +6,8 @@ import asyncio
 import hmac
 import logging
 import signal
+import sys
+import threading
 from typing import Any
 
 from tornado import web, websocket
@@ -56,6 +58,12 @@ def make_app(service: Service) -> web.Application:
     return web.Application(routes.build("/", StandaloneHandler, StandaloneWebSocketHandler), **settings)
 
 
+def _wait_for_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    while sys.stdin.buffer.read(65536):
+        pass
+    loop.call_soon_threadsafe(stop.set)
+
+
 async def serve(
     *,
     host: str = "127.0.0.1",
@@ -63,6 +71,7 @@ async def serve(
     settings: Settings | None = None,
     preload: str | None = None,
     ready: Any = None,
+    until_stdin_closes: bool = False,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then unload every model.
 
@@ -72,6 +81,7 @@ async def serve(
         settings: Deployment settings (defaults from the environment).
         preload: A model to load before announcing readiness.
         ready: Called with the bound port once the server accepts requests.
+        until_stdin_closes: Also stop when stdin reaches its end: an embedded server dies with its parent.
     """
     service = Service(settings)
     server = make_app(service).listen(port, address=host)
@@ -85,6 +95,8 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if until_stdin_closes:
+        threading.Thread(target=_wait_for_eof, args=(loop, stop), daemon=True).start()
     try:
         await stop.wait()
     finally:
