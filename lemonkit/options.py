@@ -6,10 +6,16 @@ uses. The chain, lowest first: lemonkit's defaults < the server's settings (envi
 model's registry row (``recipe_options``) < its ``recipe_options.json`` entry ("saved") < the load request.
 
 At every layer ``null`` means "not set here", and so do ``-1``, ``""`` and ``"auto"`` for every option but
-``ctx_size``, where ``-1`` is a value: size the context automatically, even over a server-wide number.
+``ctx_size``, where ``-1`` is a value: size the context automatically, even over a server-wide number, and the
+boolean ``merge_args``, which only ``null`` unsets.
+
+Flag strings (``llamacpp_args``) are the exception to "the higher layer wins": with ``merge_args`` true (the
+default) the model's string, from the highest per-model layer that sets one, is merged flag by flag over the
+server's (:func:`lemonkit.backends.llamacpp.merge_llamacpp_args`); with ``merge_args`` false it replaces it.
 
 Nothing here imports an inference library: the engine imports :func:`llamacpp_context_size` from here so the
-server can predict the context a load will get (``resolved_ctx_size``) by the engine's own rule.
+server can predict the context a load will get (``resolved_ctx_size``) by the engine's own rule, and the flag
+parser this module borrows from the engine's module imports none either.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ _CTX_PAD = 256
 
 #: recipe -> every load option it takes, with lemonkit's default (the bottom of the chain)
 RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llamacpp": {"ctx_size": AUTO_CTX_SIZE, "llamacpp_backend": "cpu", "llamacpp_args": ""},
+    "llamacpp": {"ctx_size": AUTO_CTX_SIZE, "llamacpp_backend": "cpu", "llamacpp_args": "", "merge_args": True},
 }
 #: recipe -> the load options it understands (everything else in a request is not an option)
 RECIPE_OPTIONS: dict[str, tuple[str, ...]] = {recipe: tuple(names) for recipe, names in RECIPE_DEFAULTS.items()}
@@ -60,6 +66,8 @@ SUPPORTED_BACKENDS: dict[str, tuple[str, ...]] = {"llamacpp_backend": ("cpu",)}
 #: keys an options body may carry that are not options: ``model_name`` so ``effective`` posts back as is
 _BODY_KEYS = frozenset({"model_name", "dry_run"})
 _UNSET_SPELLINGS = (-1, "", "auto")
+#: options only ``null`` unsets: -1, "" and "auto" are no booleans, so they are refused rather than read as "unset"
+_BOOL_OPTIONS = frozenset({"merge_args"})
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,9 @@ def is_unset(name: str, value: Any) -> bool:
     """Whether ``value`` leaves option ``name`` to the next layer down (see the module doc)."""
     if value is None:
         return True
-    if name == "ctx_size" or isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    if name == "ctx_size" or name in _BOOL_OPTIONS:
+        return False
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return False
     return value in _UNSET_SPELLINGS
 
@@ -104,27 +114,58 @@ def resolve_options(
         request: Options named by the load request, if any.
 
     Returns:
-        ``defaults`` (without ``saved`` and ``request``) and ``effective``.
+        ``defaults`` (without ``saved`` and ``request``) and ``effective``, their flag strings merged as
+        ``merge_args`` says.
     """
     recipe = info.recipe
-    defaults = dict(RECIPE_DEFAULTS.get(recipe, {}))
-    defaults.update(_layer(recipe, settings.server_options(recipe)))
-    defaults.update(_layer(recipe, info.recipe_options))
-    effective = {**defaults, **_layer(recipe, saved), **_layer(recipe, request or {})}
-    return ResolvedOptions(defaults=defaults, effective=effective)
+    server = {**RECIPE_DEFAULTS.get(recipe, {}), **_layer(recipe, settings.server_options(recipe))}
+    row = _layer(recipe, info.recipe_options)
+    model = {**row, **_layer(recipe, saved), **_layer(recipe, request or {})}
+    return ResolvedOptions(defaults=_over_server(server, row), effective=_over_server(server, model))
+
+
+def _over_server(server: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+    """The per-model options over the server's: each replaces the server's value, but a flag string merges into
+    the server's unless the options say ``merge_args: false``."""
+    options = {**server, **model}
+    if options.get("merge_args") is False:
+        return options
+    for name, flags in model.items():
+        if name.endswith("_args") and isinstance(flags, str) and server.get(name):
+            options[name] = _merge_flags(name, server[name], flags)
+    return options
+
+
+def _merge_flags(name: str, server: str, model: str) -> str:
+    """``model``'s flags merged over ``server``'s by the engine's own flag table; a string that does not parse
+    cannot be merged, so both go through as one string and :func:`check_runnable` refuses it at the load."""
+    if name != "llamacpp_args":
+        return model  # no flag table to merge by: the model's string replaces the server's
+    from lemonkit.backends.llamacpp import merge_llamacpp_args  # imports no inference library
+
+    try:
+        return merge_llamacpp_args(server, model)
+    except InvalidArgument:
+        return f"{server} {model}"
 
 
 def check_runnable(options: Mapping[str, Any]) -> None:
-    """Refuse a backend this machine cannot run, so it fails at the request rather than in a sidecar.
+    """Refuse a backend this machine cannot run, or flags its engine would refuse, so a load fails at the request
+    rather than in a sidecar.
 
     Raises:
-        InvalidArgument: ``options`` names an unavailable backend.
+        InvalidArgument: ``options`` names an unavailable backend, or its ``llamacpp_args`` do not parse.
     """
     for key, allowed in SUPPORTED_BACKENDS.items():
         if key in options and options[key] not in allowed:
             raise InvalidArgument(
                 f"{key} {options[key]!r} is not available on this machine (available: {', '.join(allowed)})"
             )
+    if options.get("llamacpp_args"):
+        # The engine's own parser, so what passes here loads (it imports no inference library).
+        from lemonkit.backends.llamacpp import parse_llamacpp_args
+
+        parse_llamacpp_args(str(options["llamacpp_args"]))
 
 
 def load_body(model_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -199,12 +240,7 @@ def parse_changes(recipe: str, body: Mapping[str, Any]) -> tuple[dict[str, Any],
     ctx = values.get("ctx_size")
     if isinstance(ctx, float):
         changes["ctx_size"] = int(ctx)  # 8192.0 is a whole number; save it as one
-    check_runnable(values)
-    if values.get("llamacpp_args"):
-        # The engine's own parser, so a saved string never fails the next load (it imports no inference library).
-        from lemonkit.backends.llamacpp import parse_llamacpp_args
-
-        parse_llamacpp_args(values["llamacpp_args"])
+    check_runnable(values)  # a saved backend or flag string never fails the next load
     return changes, bool(body.get("dry_run"))
 
 

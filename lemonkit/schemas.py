@@ -477,14 +477,16 @@ LOAD = Obj(
     required=["model_name"],
 )
 UNLOAD = Obj({"model_name": STR})
-#: Values ``POST /v1/models/{id}/options`` saves (after its null / -1 / "" / "auto" removals). Unlike a load's,
-#: ctx_size 0 is refused: the spec allows a positive size or -1, and llama.cpp's context is 32-bit.
+#: Values ``POST /v1/models/{id}/options`` saves (after its null / -1 / "" / "auto" removals; only null removes the
+#: boolean merge_args). Unlike a load's, ctx_size 0 is refused: the spec allows a positive size or -1, and
+#: llama.cpp's context is 32-bit.
 OPTIONS = Obj(
     {
         "dry_run": BOOL,
         "ctx_size": WholeNumber(1, 2**31 - 1, also=(-1,)),
         "llamacpp_backend": LLAMACPP_BACKEND,
         "llamacpp_args": LLAMACPP_ARGS,
+        "merge_args": BOOL,
     }
 )
 #: POST /v1/install and /v1/uninstall (which takes no ``force``); the recipe table decides which names exist

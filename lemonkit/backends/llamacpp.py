@@ -56,7 +56,7 @@ from lemonkit.errors import (
 from lemonkit.gguf_header import read_gguf_context_length
 from lemonkit.options import DEFAULT_CTX_SIZE, llamacpp_context_size
 
-__all__ = ["DEFAULT_CTX_SIZE", "LlamaCppEngine", "parse_llamacpp_args"]
+__all__ = ["DEFAULT_CTX_SIZE", "LlamaCppEngine", "merge_llamacpp_args", "parse_llamacpp_args"]
 #: Prompt batch: llama-server's physical batch size; larger buys nothing on CPU.
 DEFAULT_N_BATCH = 512
 #: llama-server's sampling defaults (``common_params_sampling``).
@@ -135,21 +135,20 @@ _SWITCHES: dict[str, tuple[str, Any]] = {
     "--verbose": ("verbose", True),
     "-nfa": ("flash_attn", False),
     "--no-flash-attn": ("flash_attn", False),
-    **{
-        f: ("_ignored", True)
-        for f in (
-            "-cb",
-            "--cont-batching",
-            "-nocb",
-            "--no-cont-batching",
-            "--no-webui",
-            "--metrics",
-            "--no-warmup",
-            "--log-disable",
-            "--no-perf",
-        )
-    },
 }
+# Flags the engine accepts and ignores, grouped by what they set in llama-server (a group counts as one flag when
+# llamacpp_args strings are merged: -cb and -nocb are the two values of one setting).
+_IGNORED_GROUPS = (
+    ("-np", "--parallel"),
+    ("-cb", "--cont-batching", "-nocb", "--no-cont-batching"),
+    ("--no-webui",),
+    ("--metrics",),
+    ("--no-warmup",),
+    ("--log-disable",),
+    ("--no-perf",),
+)
+_IGNORED_SETTING = {flag: group[-1] for group in _IGNORED_GROUPS for flag in group}
+_SWITCHES.update({flag: ("_ignored", True) for flag in _IGNORED_SETTING if flag not in _VALUE_FLAGS})
 # Lemonade forbids these in llamacpp_args: the recipe sets them itself.
 _FORBIDDEN = {
     "-m",
@@ -174,12 +173,25 @@ _FORBIDDEN = {
 }
 
 
-def parse_llamacpp_args(args: str) -> dict[str, Any]:
-    """Parse llama-server style flags into engine settings.
+@dataclass(frozen=True)
+class _Flag:
+    """One flag of a ``llamacpp_args`` string.
 
-    Returns keys among ``Llama()`` kwargs (``n_threads``, ``n_batch``, ``flash_attn``, ``use_mmap``,
-    ``type_k``...), sampling defaults (``temperature``, ``top_k``...), ``seed``, ``max_tokens`` and
-    ``chat_template``.
+    Attributes:
+        setting: What it sets: aliases (``-t``, ``--threads``) and opposites (``--mmap``, ``--no-mmap``) share it.
+        key: The engine setting it writes (``"_ignored"`` for flags the engine accepts and ignores).
+        value: The value it writes.
+        words: The flag and its value as written.
+    """
+
+    setting: str
+    key: str
+    value: Any
+    words: tuple[str, ...]
+
+
+def _split_llamacpp_args(args: str) -> list[_Flag]:
+    """The flags of ``args`` in order (see :func:`parse_llamacpp_args`).
 
     Raises:
         InvalidArgument: An unknown or forbidden flag, or a bad value.
@@ -188,10 +200,10 @@ def parse_llamacpp_args(args: str) -> dict[str, Any]:
         words = shlex.split(args or "")
     except ValueError as exc:
         raise InvalidArgument(f"llamacpp_args: {exc}") from exc
-    out: dict[str, Any] = {}
+    flags: list[_Flag] = []
     i = 0
     while i < len(words):
-        word = words[i]
+        start, word = i, words[i]
         flag, eq, inline = word.partition("=") if word.startswith("--") else (word, "", "")
         i += 1
         if flag in _FORBIDDEN:
@@ -203,15 +215,12 @@ def parse_llamacpp_args(args: str) -> dict[str, Any]:
                 value = words[i]
                 i += 1
             try:
-                out["flash_attn"] = True if value is None else _on_off(value)
+                key, val = "flash_attn", (True if value is None else _on_off(value))
             except ValueError as exc:
                 raise InvalidArgument(f"llamacpp_args: {flag} takes {exc}") from exc
-            continue
-        if flag in _SWITCHES and not eq:
+        elif flag in _SWITCHES and not eq:
             key, val = _SWITCHES[flag]
-            out[key] = val
-            continue
-        if flag in _VALUE_FLAGS:
+        elif flag in _VALUE_FLAGS:
             key, conv = _VALUE_FLAGS[flag]
             if eq:
                 raw = inline
@@ -221,13 +230,50 @@ def parse_llamacpp_args(args: str) -> dict[str, Any]:
             else:
                 raise InvalidArgument(f"llamacpp_args: {flag} needs a value")
             try:
-                out[key] = conv(raw)
+                val = conv(raw)
             except ValueError as exc:
                 raise InvalidArgument(f"llamacpp_args: bad value {raw!r} for {flag} ({exc})") from exc
-            continue
-        raise InvalidArgument(f"llamacpp_args: unknown or unsupported flag {word!r}")
+        else:
+            raise InvalidArgument(f"llamacpp_args: unknown or unsupported flag {word!r}")
+        setting = _IGNORED_SETTING.get(flag, flag) if key == "_ignored" else key
+        flags.append(_Flag(setting, key, val, tuple(words[start:i])))
+    return flags
+
+
+def parse_llamacpp_args(args: str) -> dict[str, Any]:
+    """Parse llama-server style flags into engine settings.
+
+    Returns keys among ``Llama()`` kwargs (``n_threads``, ``n_batch``, ``flash_attn``, ``use_mmap``,
+    ``type_k``...), sampling defaults (``temperature``, ``top_k``...), ``seed``, ``max_tokens`` and
+    ``chat_template``. A flag given twice takes its last value, as in llama-server.
+
+    Raises:
+        InvalidArgument: An unknown or forbidden flag, or a bad value.
+    """
+    out = {flag.key: flag.value for flag in _split_llamacpp_args(args)}
     out.pop("_ignored", None)
     return out
+
+
+def merge_llamacpp_args(base: str, override: str) -> str:
+    """``base`` flags (the server's) merged with ``override`` flags (a model's), flag by flag.
+
+    A flag of ``base`` is dropped when ``override`` sets the same thing under any spelling (``-t 2`` replaces
+    ``--threads 4``, ``--mmap`` replaces ``--no-mmap``); the rest are kept, before ``override``'s flags (so the
+    engine's last-wins parse agrees with the merge).
+
+    Returns:
+        The merged flags; ``override`` or ``base`` unchanged when the other is empty.
+
+    Raises:
+        InvalidArgument: Either string is not valid ``llamacpp_args``.
+    """
+    theirs, mine = _split_llamacpp_args(base), _split_llamacpp_args(override)
+    if not theirs or not mine:
+        return override if mine else base
+    replaced = {flag.setting for flag in mine}
+    kept = [word for flag in theirs if flag.setting not in replaced for word in flag.words]
+    return shlex.join(kept + [word for flag in mine for word in flag.words])
 
 
 # ----------------------------------------------------------------------------- request state

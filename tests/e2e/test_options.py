@@ -5,6 +5,7 @@ Every test that saves options erases them again, so the models keep their defaul
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,11 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import CACHE_DIR, EMBED, GEMMA, HF_CACHE, TEST_REPO, TINY, TINY_B, VISION, Host
+from conftest import API_KEY, CACHE_DIR, EMBED, GEMMA, HF_CACHE, TEST_REPO, TINY, TINY_B, VISION, Host, Standalone
 
 from lemonkit.registry import Registry
 
-DEFAULTS = {"ctx_size": -1, "llamacpp_args": "", "llamacpp_backend": "cpu"}
+DEFAULTS = {"ctx_size": -1, "llamacpp_args": "", "llamacpp_backend": "cpu", "merge_args": True}
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 GEMMA_SIZE = 253113024
 SNAPSHOT = HF_CACHE / f"models--{TEST_REPO.replace('/', '--')}" / "snapshots" / ("a" * 40)
@@ -108,7 +109,7 @@ async def test_post_merges_and_removes(host: Host) -> None:
         effective = body["effective"]
         body = (await client.post(url, json=effective)).json()
         assert body["effective"] == effective
-        assert body["saved"] == {"ctx_size": 8192, "llamacpp_backend": "cpu"}
+        assert body["saved"] == {"ctx_size": 8192, "llamacpp_backend": "cpu", "merge_args": True}
         # the saved value shows in the model object too
         assert (await client.get(f"models/{TINY_B}")).json()["recipe_options"]["ctx_size"] == 8192
 
@@ -149,6 +150,10 @@ BAD_BODIES: list[Any] = [
     {"llamacpp_args": "-m other.gguf"},
     {"llamacpp_args": "--no-such-flag"},  # the engine would refuse it at load
     {"llamacpp_args": ["--top-k", "20"]},
+    {"merge_args": "auto"},  # a boolean: only null removes it
+    {"merge_args": ""},
+    {"merge_args": -1},
+    {"merge_args": "false"},
     {"dry_run": "yes"},
     {"ctx_size": 1024, "nonsense": 1},  # one bad key: the good one is not saved either
     b'{"ctx_size": 1e400}',
@@ -212,6 +217,101 @@ async def test_server_settings_are_the_defaults(jupyter_host: Host, jp_serverapp
             assert body["effective"] == body["defaults"] and body["resolved_ctx_size"] == 8192
         finally:
             await client.delete(url)
+
+
+# -- merge_args ---------------------------------------------------------------------------------------------------
+
+#: server-wide flags the engine shows in its info: one thread, flash attention off (it defaults to on)
+SERVER_ARGS = "-t 1 -nfa"
+
+
+async def _engine_info(loaded: dict[str, Any]) -> dict[str, Any]:
+    """What the sidecar's engine made of its options, asked over its own socket (``backend_url``)."""
+    transport = httpx.AsyncHTTPTransport(uds=loaded["backend_url"].removeprefix("unix:"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://sidecar") as sidecar:
+        info: dict[str, Any] = (await sidecar.get("/health")).json()["info"]
+    return info
+
+
+async def _check_merge_args(host: Host) -> None:
+    """On a host whose server-wide llamacpp_args are :data:`SERVER_ARGS`: the options routes, /v1/load and a
+    first-use load all merge a model's flags over the server's unless merge_args is false, and the sidecar runs
+    with exactly what health reports."""
+    url = f"models/{TINY_B}/options"
+    async with host.client() as client:
+        try:
+            body = (await client.get(url)).json()
+            assert (
+                body["effective"]
+                == body["defaults"]
+                == {**DEFAULTS, "llamacpp_args": SERVER_ARGS, "model_name": TINY_B}
+            )
+            # per flag: --threads replaces the server's -t, its -nfa stays
+            body = (await client.post(url, json={"llamacpp_args": "--threads 2 --seed 5", "dry_run": True})).json()
+            assert body["saved"] == {} and body["effective"]["llamacpp_args"] == "-nfa --threads 2 --seed 5"
+            assert body["defaults"]["llamacpp_args"] == SERVER_ARGS
+            body = (
+                await client.post(url, json={"llamacpp_args": "--seed 5", "merge_args": False, "dry_run": True})
+            ).json()
+            assert body["effective"]["llamacpp_args"] == "--seed 5" and body["effective"]["merge_args"] is False
+
+            load = {"model_name": TINY_B, "llamacpp_args": "--threads 2"}
+            assert (await client.post("load", json=load)).status_code == 200
+            (loaded,) = await _loaded(client)
+            assert loaded["recipe_options"] == {**DEFAULTS, "ctx_size": 4096, "llamacpp_args": "-nfa --threads 2"}
+            info = await _engine_info(loaded)
+            assert info["n_threads"] == 2 and info["flash_attn"] is False  # the model's -t, the server's -nfa
+
+            # merge_args false, saved with the load: the model's flags replace the server's entirely
+            replace = {**load, "merge_args": False, "save_options": True}
+            assert (await client.post("load", json=replace)).status_code == 200
+            (reloaded,) = await _loaded(client)
+            assert reloaded["pid"] != loaded["pid"]
+            assert reloaded["recipe_options"]["llamacpp_args"] == "--threads 2"
+            assert reloaded["recipe_options"]["merge_args"] is False
+            info = await _engine_info(reloaded)
+            assert info["n_threads"] == 2 and info["flash_attn"] is True  # the server's -nfa is gone
+            body = (await client.get(url)).json()
+            assert body["saved"] == {"llamacpp_args": "--threads 2", "merge_args": False}
+            assert body["effective"]["llamacpp_args"] == "--threads 2" and body["effective"]["merge_args"] is False
+            assert body["defaults"]["llamacpp_args"] == SERVER_ARGS and body["defaults"]["merge_args"] is True
+
+            # null removes the saved false: merged again, and a first-use load (a chat request) does the same
+            body = (await client.post(url, json={"merge_args": None})).json()
+            assert body["saved"] == {"llamacpp_args": "--threads 2"} and body["effective"]["merge_args"] is True
+            assert body["effective"]["llamacpp_args"] == "-nfa --threads 2"
+            await client.post("unload", json={})
+            assert (await client.post("chat/completions", json={"model": TINY_B, **CHAT})).status_code == 200
+            (fresh,) = await _loaded(client)
+            assert fresh["recipe_options"]["llamacpp_args"] == "-nfa --threads 2"
+            assert (await _engine_info(fresh))["flash_attn"] is False
+
+            # flags that cannot merge are refused at the request, before any process starts
+            for bad in ("--threads", "--bogus 1", "-t 'open"):
+                response = await client.post("load", json={"model_name": TINY_B, "llamacpp_args": bad})
+                _error(response, 400, "invalid_argument")
+                assert "llamacpp_args" in response.json()["error"]["message"]
+                _error(await client.post(url, json={"llamacpp_args": bad, "dry_run": True}), 400, "invalid_argument")
+            assert [m["pid"] for m in await _loaded(client)] == [fresh["pid"]]
+        finally:
+            await client.delete(url)
+            await client.post("unload", json={})
+
+
+@pytest.mark.parametrize(
+    "jp_server_config",
+    [{"ServerApp": {"jpserver_extensions": {"lemonkit": True}}, "LemonkitExtension": {"llamacpp_args": SERVER_ARGS}}],
+)
+async def test_merge_args_jupyter(jupyter_host: Host) -> None:
+    await _check_merge_args(jupyter_host)
+
+
+async def test_merge_args_standalone() -> None:
+    server = await asyncio.to_thread(Standalone, {"LEMONADE_API_KEY": API_KEY, "LEMONADE_LLAMACPP_ARGS": SERVER_ARGS})
+    try:
+        await _check_merge_args(Host("standalone", server.root, API_KEY))
+    finally:
+        await asyncio.to_thread(server.stop)
 
 
 # -- options reach the next load ----------------------------------------------------------------------------------
