@@ -16,7 +16,7 @@ import sys
 import threading
 
 from lemonkit import commands
-from lemonkit.config import DEFAULT_MODEL, DEFAULT_PORT
+from lemonkit.config import DEFAULT_MODEL, DEFAULT_PORT, Settings
 
 __all__ = ["main"]
 
@@ -74,10 +74,22 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("lemonkit").setLevel(args.log_level.upper())  # explicit, so the log stream keeps this level
     from lemonkit.server.standalone import serve
 
+    try:
+        settings = Settings()
+    except ValueError as exc:
+        print(f"lemonkit {args.command}: {exc}", file=sys.stderr)
+        sys.exit(2)
     if args.command == "serve":
         announce = _announce if args.embedded else None
         asyncio.run(
-            serve(host=args.host, port=args.port, preload=args.load, ready=announce, until_stdin_closes=args.embedded)
+            serve(
+                host=args.host,
+                port=args.port,
+                settings=settings,
+                preload=args.load,
+                ready=announce,
+                until_stdin_closes=args.embedded,
+            )
         )
         return
 
@@ -85,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         threading.Thread(target=_demo, args=(port, args.model, args.prompt), daemon=True).start()
 
     try:
-        asyncio.run(serve(host=args.host, port=args.port, preload=args.model, ready=ready))
+        asyncio.run(serve(host=args.host, port=args.port, settings=settings, preload=args.model, ready=ready))
     except KeyboardInterrupt:
         sys.exit(0)
 

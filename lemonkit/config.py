@@ -86,6 +86,18 @@ class Settings:
         default_factory=lambda: tuple(shlex.split(os.environ.get("LEMONKIT_PIP", ""))) or (sys.executable, "-m", "pip")
     )
 
+    def __post_init__(self) -> None:
+        if self.llamacpp_args:
+            # a bad server-wide string would refuse every load with a message about the request: refuse it here
+            from lemonkit.backends.llamacpp import parse_llamacpp_args
+            from lemonkit.errors import InvalidArgument
+
+            try:
+                parse_llamacpp_args(self.llamacpp_args)
+            except InvalidArgument as exc:
+                message = exc.message.removeprefix("llamacpp_args: ")
+                raise ValueError(f"server setting LEMONADE_LLAMACPP_ARGS (llamacpp_args): {message}") from None
+
     def server_options(self, recipe: str) -> dict[str, Any]:
         """Options that environment / server flags set for a recipe (third in the priority chain)."""
         options: dict[str, Any] = {}

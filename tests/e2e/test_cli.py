@@ -38,3 +38,15 @@ def test_lemonkit_run_serves_the_bundled_model() -> None:
     finally:
         process.terminate()
         assert process.wait(30) == 0
+
+
+def test_serve_refuses_bad_server_wide_llamacpp_args() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "lemonkit.cli", "serve", "--port", "0"],
+        env={**os.environ, "LEMONADE_LLAMACPP_ARGS": "-t 2 --no-such-flag"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "LEMONADE_LLAMACPP_ARGS" in done.stderr and "--no-such-flag" in done.stderr
