@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
@@ -49,7 +49,9 @@ from lemonkit.registry import (
     COLLECTION_OMNI,
     ModelInfo,
     Registry,
+    _atomic_write_json,
     _is_local,
+    _read_json_object,
     checkpoint_files,
     parse_checkpoint,
 )
@@ -60,6 +62,9 @@ log = logging.getLogger("lemonkit.downloads")
 
 #: statuses after which a job's worker is (or is about to be) gone
 STOPPED = frozenset({"completed", "error", "paused", "cancelled"})
+#: the job list a server leaves for the next one, under the cache dir
+STATE_FILE = "downloads.json"
+_STATE_VERSION = 1
 _RETRIES = 5  # consecutive failed attempts (without progress) before a file's download gives up
 _NOTIFY_EVERY = 0.1  # seconds between progress wake-ups of subscribers
 _HASH_BLOCK = 1 << 20
@@ -213,12 +218,15 @@ class Job:
         loop: asyncio.AbstractEventLoop,
         *,
         owned: bool,
+        listed: bool = False,
         register: dict[str, Any] | None = None,
     ) -> None:
         self.info = info
         self.model_name = info.id
         self.id = f"model:{info.id}"
         self.owned = owned
+        #: listed in /v1/downloads (and saved) while it lasts although nobody owns it: a load's download
+        self.listed = listed
         self.register = register
         self.status = "downloading"
         self.running = True
@@ -235,6 +243,7 @@ class Job:
         #: bytes this job took off the network (a resumed file counts only what it fetched)
         self.received = 0
         self.finished_at: float | None = None
+        self.finished_wall: float | None = None  # the same moment, as downloads.json keeps it
         self.subscribers = 0
         self.remove_when_stopped = False
         self.plan: Plan | None = None
@@ -304,6 +313,22 @@ class Job:
         while self.running:
             await self.wait_change(self._version)
 
+    async def wait_done(self) -> None:
+        """Wait for the job's outcome: return when it completed, raise its error or its stop otherwise.
+
+        Raises:
+            LemonkitError: The job's own error (what a non-streaming pull answers with).
+            DownloadStopped: The job was paused or cancelled.
+        """
+        while True:
+            version = self._version
+            status = self.snapshot()["status"]
+            if status == "completed":
+                return
+            if status in STOPPED:
+                raise self.error or DownloadStopped(f"The download of {self.model_name} was {status}")
+            await self.wait_change(version)
+
     def _bump(self) -> None:  # on the loop
         self._version += 1
         waiters, self._waiters = self._waiters, []
@@ -355,6 +380,58 @@ class Job:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)  # wakes a worker blocked on a read
         self.notify(force=True)
+
+    # -- persistence (event loop) -------------------------------------------------------------------------------
+
+    @property
+    def saved(self) -> bool:
+        """Whether ``downloads.json`` keeps this job: the jobs ``/v1/downloads`` lists."""
+        return self.owned or self.listed
+
+    def record(self) -> dict[str, Any]:
+        """The job as ``downloads.json`` keeps it: its state and plan; its bytes are on disk, not in here."""
+        with self._lock:
+            error = None
+            if self.error is not None:
+                error = {k: getattr(self.error, k) for k in ("message", "status", "type", "code")}
+            plan = None
+            if self.plan is not None:
+                plan = {"files": [asdict(f) for f in self.plan.files], "commits": dict(self.plan.commits)}
+            return {
+                "model_name": self.model_name,
+                "status": self.status,
+                "register": self.register,
+                "error": error,
+                "finished_at": self.finished_wall,
+                "plan": plan,
+            }
+
+    def restored(self, status: str, error: LemonkitError | None, finished_at: float, on_disk: dict[str, Any]) -> None:
+        """Turn this job into the stopped one a previous server left: its ``status``, the progress on disk.
+
+        Args:
+            status: What the job was when the server stopped (``downloading`` comes back ``paused``).
+            error: A failed job's error.
+            finished_at: When it stopped (wall clock).
+            on_disk: ``file``, ``file_index``, ``bytes_total``, ``bytes_downloaded`` and ``completed_files_bytes``
+                as :meth:`DownloadManager._on_disk` found them (empty without a plan).
+        """
+        with self._lock:
+            self.status = "paused" if status == "downloading" else status
+            self.error = error if status == "error" else None
+            self.running = False
+            self.finished_at = time.monotonic() - max(0.0, time.time() - finished_at)
+            self.finished_wall = finished_at
+            if self.plan is not None:
+                self.total_files = len(self.plan.files)
+                self.total_download_size = sum(f.size for f in self.plan.files)
+            self.file = on_disk.get("file", "")
+            self.file_index = on_disk.get("file_index", 0)
+            self.bytes_total = on_disk.get("bytes_total", 0)
+            self.bytes_downloaded = self.bytes_previously_downloaded = on_disk.get("bytes_downloaded", 0)
+            self.completed_files_bytes = on_disk.get("completed_files_bytes", 0)
+        # nobody awaits a restored job's plan: resuming it starts a new job
+        self.planned.set_exception(DownloadStopped(f"The download of {self.model_name} was {self.status}"))
 
     # -- progress (worker thread) -------------------------------------------------------------------------------
 
@@ -416,7 +493,7 @@ class Job:
                 self.file_index = self.total_files
             self.running = False
             self._sock = None
-            self.finished_at = time.monotonic()
+            self.finished_at, self.finished_wall = time.monotonic(), time.time()
         self.notify(force=True)
 
 
@@ -492,11 +569,52 @@ def _stat_key(path: Path) -> tuple[int, int, int] | None:
     return st.st_size, st.st_mtime_ns, st.st_ino
 
 
+def _etags(remote: RemoteFile) -> set[str]:
+    """The names a file's blob may have: the hub's ETag is the sha256 for LFS files, the git blob id otherwise."""
+    return {e for e in (remote.sha256, remote.blob_id) if e}
+
+
+_HEX = re.compile(r"[0-9a-f]{40,64}")
+
+
+def _plan_from(data: Any) -> Plan | None:
+    """A plan as :meth:`Job.record` saved it, checked: its names become paths, so none may leave the cache.
+
+    Raises:
+        ValueError, TypeError, KeyError: It is malformed.
+    """
+    if data is None:
+        return None
+    files = []
+    for f in data["files"]:
+        remote = RemoteFile(
+            repo=str(f["repo"]),
+            path=str(f["path"]),
+            commit=str(f["commit"]),
+            size=int(f["size"]),
+            blob_id=str(f["blob_id"]) if f.get("blob_id") is not None else None,
+            sha256=str(f["sha256"]) if f.get("sha256") is not None else None,
+        )
+        parts = PurePosixPath(remote.path).parts
+        if not _HEX.fullmatch(remote.commit) or not all(_HEX.fullmatch(e) for e in _etags(remote)):
+            raise ValueError(f"{remote.path}: not a hub commit or hash")
+        if not parts or ".." in parts or remote.path.startswith("/") or remote.repo.count("/") != 1:
+            raise ValueError(f"{remote.repo}/{remote.path}: not a repo file")
+        files.append(remote)
+    commits = {str(repo): str(commit) for repo, commit in dict(data["commits"]).items()}
+    return Plan(files=files, commits=commits)
+
+
 # -- the manager -------------------------------------------------------------------------------------------------
 
 
 class DownloadManager:
     """Every download job of one server, and the hub-facing work around them (variants, updates, deletes).
+
+    The jobs ``/v1/downloads`` lists are saved in ``<cache_dir>/downloads.json`` at each state change (started,
+    planned, paused, cancelled, failed, completed, removed), so the next server lists them again: an interrupted
+    one as ``paused``, its progress read from the partial files, and a pull resumes it. The bytes themselves are
+    never in that file: they are in ``blobs/<etag>.incomplete``.
 
     Args:
         settings: The deployment (``hf_endpoint``, ``download_retention``, ``update_check_interval``).
@@ -513,6 +631,13 @@ class DownloadManager:
         self._threads: set[threading.Thread] = set()
         self._verified: dict[str, tuple[int, int, int] | None] = {}
         self._verified_lock = threading.Lock()
+        self.state_path = settings.cache_dir / STATE_FILE
+        self._restoring: asyncio.Future[None] | None = None
+        self._saver: asyncio.Future[None] | None = None
+        self._dirty = False
+        #: ids of the downloads.json entries this server read or wrote (those it may drop; others stay)
+        self._saved_ids: set[str] = set()
+        self._written: dict[str, dict[str, Any]] = {}
 
     # -- jobs ------------------------------------------------------------------------------------------------------
 
@@ -520,31 +645,50 @@ class DownloadManager:
         return self._jobs.get(job_id)
 
     def jobs(self) -> list[Job]:
-        """Jobs ``GET /v1/downloads`` lists: those a ``subscribe=false`` pull made server-owned."""
+        """Jobs ``GET /v1/downloads`` lists: those a ``subscribe=false`` pull made server-owned, and a load's
+        while it lasts (call :meth:`restore` first for those a previous server left)."""
         self._prune()
-        return [job for job in self._jobs.values() if job.owned]
+        return [job for job in self._jobs.values() if job.saved]
+
+    def registering(self, name: str) -> dict[str, Any] | None:
+        """The ``user_models.json`` row a listed job registers as ``name`` (saved already or not yet), if any.
+
+        A registration is saved once the hub has its files, so a job stopped before that (by a restart, say)
+        names a model the registry does not know yet: pulling that name resumes the registration.
+        """
+        job = self._jobs.get(f"model:{name}")
+        return dict(job.register) if job is not None and job.saved and job.register is not None else None
 
     def _prune(self) -> None:
         now = time.monotonic()
+        dropped = False
         for job_id, job in list(self._jobs.items()):
             if job.running or job.subscribers:
                 continue
             expired = job.status == "completed" and now - (job.finished_at or now) >= self.settings.download_retention
             if expired or not job.owned:
                 del self._jobs[job_id]
+                dropped = dropped or job.saved
+        if dropped:
+            self._save_soon()
 
-    async def pull(self, info: ModelInfo, *, owned: bool, register: dict[str, Any] | None = None) -> Job:
+    async def pull(
+        self, info: ModelInfo, *, owned: bool, listed: bool = False, register: dict[str, Any] | None = None
+    ) -> Job:
         """The job downloading ``info``: the running one (shared), or a new one.
 
         Args:
             info: The model (for a registration, the model it would be; it is registered once its files are
                 found on the hub, so a bad checkpoint registers nothing).
             owned: The job outlives its HTTP subscribers (``subscribe=false``) and is listed.
+            listed: The job is listed while it lasts although it pauses when its last subscriber leaves
+                (``/v1/load``'s download).
             register: The ``user_models.json`` row to save for ``info.id``.
 
         Raises:
             DownloadStopped: A registration with different settings is already downloading under this name.
         """
+        await self.restore()
         loop = asyncio.get_running_loop()
         while True:
             self._prune()
@@ -554,11 +698,16 @@ class DownloadManager:
             if not job.stop_requested:
                 if register is not None and job.register is not None and register != job.register:
                     raise DownloadStopped(f"{info.id} is already being registered and downloaded with other settings")
-                job.owned = job.owned or owned
+                was_saved = job.saved
+                job.owned, job.listed = job.owned or owned, job.listed or listed
+                if job.saved and not was_saved:
+                    self._save_soon()
                 return job
             await job.wait_stopped()  # a paused or cancelled worker is unwinding: start afresh once it is gone
-        new = Job(info, loop, owned=owned or bool(job and job.owned), register=register)
+        new = Job(info, loop, owned=owned or bool(job and job.owned), listed=listed, register=register)
         self._jobs[new.id] = new
+        if new.saved:
+            self._save_soon()
         thread = threading.Thread(target=self._run, args=(new,), name=f"download {info.id}", daemon=True)
         self._threads.add(thread)
         thread.start()
@@ -570,6 +719,7 @@ class DownloadManager:
         Raises:
             NotFound: No such job (and the action is not ``remove``).
         """
+        await self.restore()
         job = self._jobs.get(job_id)
         if job is None:
             if action == "remove":
@@ -581,6 +731,7 @@ class DownloadManager:
                 job.request_stop("cancelled")
             else:
                 del self._jobs[job_id]
+            self._save_soon()
             return {"status": "ok"}
         if job.running:
             if job.status == "downloading" or action == "cancel":
@@ -589,6 +740,7 @@ class DownloadManager:
             job.status = "cancelled"
             job.notify(force=True)
             await asyncio.to_thread(self._discard_partials, job)
+        self._save_soon()
         return job.snapshot()
 
     async def stop(self, job: Job, status: str = "cancelled") -> None:
@@ -598,7 +750,9 @@ class DownloadManager:
             await job.wait_stopped()
         if status == "cancelled":
             await asyncio.to_thread(self._discard_partials, job)
-        self._jobs.pop(job.id, None)
+        if self._jobs.get(job.id) is job:
+            del self._jobs[job.id]
+            self._save_soon()
 
     def subscribe(self, job: Job) -> None:
         job.subscribers += 1
@@ -611,7 +765,7 @@ class DownloadManager:
             job.request_stop("paused")
 
     async def close(self) -> None:
-        """Pause every running job (partial files stay for the next start) and give workers a moment."""
+        """Pause every running job (partial files stay for the next start), give workers a moment, save the jobs."""
         for job in list(self._jobs.values()):
             if job.running:
                 job.request_stop("paused")
@@ -624,6 +778,163 @@ class DownloadManager:
                 thread.join(max(0.0, deadline - time.monotonic()))
 
         await asyncio.to_thread(join)
+        if self._restoring is not None:  # else nothing was read or changed
+            self._save_soon()
+            if self._saver is not None:
+                await self._saver  # on disk before the loop goes
+
+    # -- downloads.json --------------------------------------------------------------------------------------------
+
+    async def restore(self) -> None:
+        """Bring back the jobs ``downloads.json`` lists; once per server, later calls wait for the first.
+
+        An interrupted job (running when its server stopped, too) comes back ``paused`` with the bytes its
+        partial files hold, a failed or cancelled one as it was, a completed one only within the retention.
+        A file that cannot be read is logged and ignored: it never stops the server.
+        """
+        if self._restoring is None:
+            self._restoring = asyncio.ensure_future(self._restore())
+        await asyncio.shield(self._restoring)  # a request that gives up must not cancel it for the others
+
+    async def _restore(self) -> None:
+        try:
+            found = await asyncio.to_thread(self._read_saved)
+        except Exception:  # whatever is in there, the server starts
+            log.exception("could not restore the download jobs of %s; starting without them", self.state_path)
+            return
+        loop = asyncio.get_running_loop()
+        restored = 0
+        for job_id, revived in found:
+            self._saved_ids.add(job_id)  # a bad or expired entry is dropped at the next write
+            if revived is None or job_id in self._jobs:
+                continue
+            info, record, on_disk = revived
+            job = Job(info, loop, owned=True, register=record["register"])
+            job.plan = record["plan"]
+            job.restored(record["status"], record["error"], record["finished_at"], on_disk)
+            self._jobs[job_id] = job
+            restored += 1
+        if restored:
+            log.info("restored %d download job(s) from %s", restored, self.state_path)
+
+    def _read_saved(self) -> list[tuple[str, tuple[ModelInfo, dict[str, Any], dict[str, Any]] | None]]:
+        """``downloads.json``'s entries, each revived (``None``: not worth restoring); runs in a thread."""
+        try:
+            data = _read_json_object(self.state_path)
+            entries = data.get("jobs", {})
+            if not isinstance(entries, dict):
+                raise ValueError("'jobs' is not an object")
+        except ValueError as exc:
+            log.warning("%s is unreadable (%s): starting without saved download jobs", self.state_path, exc)
+            return []
+        found: list[tuple[str, tuple[ModelInfo, dict[str, Any], dict[str, Any]] | None]] = []
+        for job_id, entry in entries.items():
+            try:
+                found.append((job_id, self._revive(job_id, entry)))
+            except Exception as exc:  # one bad entry costs that job only
+                log.warning("not restoring the download job %r from %s: %s", job_id, self.state_path, exc)
+                found.append((job_id, None))
+        return found
+
+    def _revive(self, job_id: str, entry: Any) -> tuple[ModelInfo, dict[str, Any], dict[str, Any]] | None:
+        """A saved entry checked and parsed, with its model and progress on disk (``None``: an expired one).
+
+        Raises:
+            ValueError, TypeError, KeyError, LemonkitError: The entry is malformed or names an unknown model.
+        """
+        if not isinstance(entry, dict):
+            raise TypeError("not an object")
+        name, status, register = entry.get("model_name"), entry.get("status"), entry.get("register")
+        if not isinstance(name, str) or job_id != f"model:{name}":
+            raise ValueError(f"model_name {name!r} does not match the id")
+        if status not in ("downloading", *STOPPED):
+            raise ValueError(f"unknown status {status!r}")
+        if register is not None and not isinstance(register, dict):
+            raise TypeError("register is not an object")
+        finished_at = entry.get("finished_at")
+        finished_at = float(finished_at) if finished_at is not None else time.time()
+        if status == "completed" and time.time() - finished_at >= self.settings.download_retention:
+            return None
+        try:
+            info = self.registry.get(name)
+        except ModelNotFound:
+            if register is None:
+                raise
+            info = self.registry.preview(name, register)  # stopped before its registration was saved
+        error = None
+        if entry.get("error") is not None:
+            saved = entry["error"]
+            if not 400 <= int(saved["status"]) < 600:
+                raise ValueError(f"error status {saved['status']!r}")
+            code = saved.get("code")
+            error = LemonkitError(str(saved["message"]), status=int(saved["status"]), code=code and str(code))
+            error.type = str(saved.get("type") or error.type)
+        plan = _plan_from(entry.get("plan"))
+        record = {"status": status, "register": register, "error": error, "finished_at": finished_at, "plan": plan}
+        return info, record, self._on_disk(plan) if plan is not None else {}
+
+    def _on_disk(self, plan: Plan) -> dict[str, Any]:
+        """How far ``plan`` is on disk: the files linked in their snapshot are whole; the first that is not is
+        the current file, with what its partial blob holds."""
+        done = 0
+        for index, remote in enumerate(plan.files, start=1):
+            storage = self.registry._repo_dir(remote.repo)
+            if (storage / "snapshots" / remote.commit / PurePosixPath(remote.path)).is_file():
+                done += remote.size
+                continue
+            have = 0
+            for etag in _etags(remote):
+                key = _stat_key(storage / "blobs" / f"{etag}.incomplete")
+                have = max(have, key[0] if key else 0)
+            return {
+                "file": remote.path,
+                "file_index": index,
+                "bytes_total": remote.size,
+                "bytes_downloaded": min(have, remote.size),
+                "completed_files_bytes": done,
+            }
+        if not plan.files:
+            return {}
+        last = plan.files[-1]
+        return {
+            "file": last.path,
+            "file_index": len(plan.files),
+            "bytes_total": last.size,
+            "bytes_downloaded": last.size,
+            "completed_files_bytes": done - last.size,
+        }
+
+    def _save_soon(self) -> None:
+        """Write the job list at a state change (on the loop): one write at a time, the latest state last."""
+        if _running_loop() is None or self._restoring is None:
+            return
+        self._dirty = True
+        if self._saver is None or self._saver.done():
+            self._saver = asyncio.ensure_future(self._save())
+
+    async def _save(self) -> None:
+        await self.restore()  # never write before the last server's jobs are in
+        while self._dirty:
+            self._dirty = False
+            records = {job.id: job.record() for job in self._jobs.values() if job.saved}
+            gone = self._saved_ids - records.keys()
+            if records == self._written and not gone:
+                continue  # nothing new to say
+            try:
+                await asyncio.to_thread(self._write_saved, records, gone)
+            except Exception:  # the download goes on; the next state change writes again
+                log.exception("could not save the download jobs to %s", self.state_path)
+            else:
+                self._saved_ids, self._written = set(records), records
+
+    def _write_saved(self, records: dict[str, dict[str, Any]], gone: set[str]) -> None:
+        try:
+            entries = _read_json_object(self.state_path).get("jobs")
+        except ValueError:
+            entries = None  # unreadable: what this server knows replaces it
+        # entries another server sharing this cache dir wrote since we read the file stay
+        kept = {k: v for k, v in entries.items() if k not in gone} if isinstance(entries, dict) else {}
+        _atomic_write_json(self.state_path, {"version": _STATE_VERSION, "jobs": {**kept, **records}})
 
     # -- the worker ------------------------------------------------------------------------------------------------
 
@@ -635,6 +946,7 @@ class DownloadManager:
                 job.info = self.registry.register(job.info.id, job.register)
             job.begin(plan)
             self._set_planned(job, plan)
+            self._saved_soon(job)
             for index, remote in enumerate(plan.files, start=1):
                 job.check()
                 self._fetch(job, index, remote)
@@ -663,10 +975,17 @@ class DownloadManager:
             if job.remove_when_stopped:
                 with contextlib.suppress(RuntimeError):
                     job._loop.call_soon_threadsafe(self._forget, job)
+            self._saved_soon(job)
+
+    def _saved_soon(self, job: Job) -> None:
+        """From the worker: save the job list, ``job`` having changed state."""
+        if job.saved:
+            job._on_loop(self._save_soon)
 
     def _forget(self, job: Job) -> None:
         if self._jobs.get(job.id) is job and not job.running:
             del self._jobs[job.id]
+            self._save_soon()
 
     @staticmethod
     def _set_planned(job: Job, outcome: Plan | LemonkitError) -> None:
@@ -894,7 +1213,7 @@ class DownloadManager:
 
         for remote in job.plan.files if job.plan else []:
             blobs = self.registry._repo_dir(remote.repo) / "blobs"
-            for etag in filter(None, {remote.sha256, remote.blob_id}):
+            for etag in _etags(remote):
                 partial = blobs / f"{etag}.incomplete"
                 if not partial.exists():
                     continue
@@ -923,7 +1242,9 @@ class DownloadManager:
             for m in self.registry.list(show_all=True)
             if m.alias_of is None and m.id != info.id and m.recipe != COLLECTION_OMNI and m.bundled is None
         ]
-        partial_etags = {f.repo: {e for e in (f.sha256, f.blob_id) if e} for f in (plan.files if plan else [])}
+        partial_etags: dict[str, set[str]] = {}
+        for remote in plan.files if plan else []:
+            partial_etags.setdefault(remote.repo, set()).update(_etags(remote))
         for checkpoint in dict.fromkeys(info.checkpoints.values()):
             if _is_local(checkpoint):
                 continue

@@ -871,7 +871,8 @@ class Registry:
             elif role not in _OPTIONAL_ROLES:
                 raise ModelLoadError(
                     f"Model {info.target_id!r} is not downloaded ({role} checkpoint {checkpoint!r} is missing): "
-                    f"run `lemonkit pull {info.target_id}`"
+                    f"pull it first (POST /v1/pull, or `lemonkit pull {info.target_id}`) or load it with "
+                    "POST /v1/load, which downloads it"
                 )
         main = paths.pop("main")
         return ResolvedFiles(main=main, mmproj=paths.pop("mmproj", None), extra=paths)

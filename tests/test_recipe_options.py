@@ -135,7 +135,7 @@ def test_merge_args_layers(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("server", "model"),
-    [("-t 1", "--bogus"), ("-t 1", "-t"), ("-t 1", "--seed 'open"), ("--bogus", "-t 1"), ("-t 1", "--ctx-size 5")],
+    [("-t 1", "--bogus"), ("-t 1", "-t"), ("-t 1", "--seed 'open"), ("-t 1", "--ctx-size 5")],
 )
 def test_unmergeable_args_are_refused_at_the_load(tmp_path: Path, server: str, model: str) -> None:
     resolved = resolve_options(_info(), _settings(tmp_path, llamacpp_args=server), {}, {"llamacpp_args": model})
@@ -143,6 +143,11 @@ def test_unmergeable_args_are_refused_at_the_load(tmp_path: Path, server: str, m
     assert resolved.effective["llamacpp_args"] == f"{server} {model}"
     with pytest.raises(InvalidArgument, match="llamacpp_args"):
         check_runnable(resolved.effective)
+
+
+def test_bad_server_wide_args_are_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"LEMONADE_LLAMACPP_ARGS.*--bogus"):
+        _settings(tmp_path, llamacpp_args="-t 1 --bogus")
 
 
 def test_merging_imports_no_inference_library() -> None:

@@ -12,32 +12,100 @@ from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lemonkit.downloads import STOPPED, Job, progress_events
+from lemonkit.downloads import Job, progress_events
 from lemonkit.errors import (
     DownloadError,
-    DownloadStopped,
     InvalidArgument,
     InvalidRequest,
     LemonkitError,
     MissingArgument,
+    ModelNotFound,
 )
 from lemonkit.registry import COLLECTION_OMNI, ModelInfo, _is_local, labels_with_flags
 from lemonkit.server.base import LemonkitHandler
 
-__all__ = ["DeleteHandler", "DownloadsControlHandler", "DownloadsHandler", "PullHandler", "VariantsHandler"]
+__all__ = [
+    "DeleteHandler",
+    "DownloadsControlHandler",
+    "DownloadsHandler",
+    "JobWaiting",
+    "PullHandler",
+    "VariantsHandler",
+]
 
 T = TypeVar("T")
 _REGISTRATION_FIELDS = ("checkpoint", "recipe", "components")
 
 
-class PullHandler(LemonkitHandler):
+class JobWaiting(LemonkitHandler):
+    """A handler that waits on download jobs, and stops waiting when its client hangs up."""
+
+    _task: asyncio.Future[Any] | None = None
+
+    async def _unless_gone(self, waiting: Awaitable[Any]) -> bool:
+        """Await ``waiting``; ``False`` when the client hung up meanwhile (the wait is then abandoned)."""
+        self._task = asyncio.ensure_future(waiting)
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            if self._client_gone:
+                return False
+            raise
+        finally:
+            self._task = None
+        return True
+
+    def on_connection_close(self) -> None:
+        super().on_connection_close()
+        if self._task is not None:
+            self._task.cancel()
+
+    async def install(self, infos: list[ModelInfo]) -> bool:
+        """Download ``infos`` as a non-streaming pull does, each through its job (joining one that runs).
+
+        The jobs are listed in ``/v1/downloads`` while they run; when the client hangs up and nobody else
+        wants them, they pause (their partial files stay for the next pull).
+
+        Args:
+            infos: Registered models that are not (completely) downloaded.
+
+        Returns:
+            ``True`` once every download completed, ``False`` when the client hung up first.
+
+        Raises:
+            LemonkitError: The first failure, with the status and code a non-streaming pull answers with.
+        """
+        downloads = self.service.downloads
+        jobs: list[Job] = []
+        try:
+            for info in infos:
+                job = await downloads.pull(info, owned=False, listed=True)
+                downloads.subscribe(job)  # before any other await: an unwatched job pauses
+                jobs.append(job)
+            return await self._unless_gone(_all_done(jobs))
+        finally:
+            for job in jobs:
+                downloads.unsubscribe(job)
+
+
+async def _all_done(jobs: list[Job]) -> None:
+    """Wait until every job completed; the first failure raises and ends the other waits."""
+    waits = [asyncio.ensure_future(job.wait_done()) for job in jobs]
+    try:
+        await asyncio.gather(*waits)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+class PullHandler(JobWaiting):
     """``POST /v1/pull``: install a registered model, or register one and install it."""
 
     schema = "pull"
-    _task: asyncio.Future[Any] | None = None
 
     async def post(self) -> None:
         body = self.json_body()
+        await self.service.downloads.restore()  # a restored job may hold the registration to resume
         info, row = await asyncio.to_thread(self._target, body)
         downloads = self.service.downloads
         stream = bool(body.get("stream"))
@@ -55,7 +123,7 @@ class PullHandler(LemonkitHandler):
                 await self.sse_open()
                 await self.pump(self._frames(job))
                 return
-            if not await self._unless_gone(_until_stopped(job)):
+            if not await self._unless_gone(job.wait_done()):
                 return
             self.write_json({"status": "success", "message": f"Installed model: {body['model_name']}"})
         finally:
@@ -66,7 +134,13 @@ class PullHandler(LemonkitHandler):
         registry = self.service.registry
         name = body["model_name"]
         if not any(body.get(k) is not None for k in _REGISTRATION_FIELDS):
-            return registry.get(name), None
+            try:
+                return registry.get(name), None
+            except ModelNotFound:
+                pending = self.service.downloads.registering(name)  # a job stopped before it saved its row
+                if pending is None:
+                    raise
+                return registry.preview(name, pending), pending
         recipe = body.get("recipe")
         if recipe is None:
             raise MissingArgument("recipe: required to register a model")
@@ -109,41 +183,12 @@ class PullHandler(LemonkitHandler):
             else:
                 yield f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
-    async def _unless_gone(self, waiting: Awaitable[Any]) -> bool:
-        """Await ``waiting``; ``False`` when the client hung up meanwhile (the wait is then abandoned)."""
-        self._task = asyncio.ensure_future(waiting)
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            if self._client_gone:
-                return False
-            raise
-        finally:
-            self._task = None
-        return True
-
-    def on_connection_close(self) -> None:
-        super().on_connection_close()
-        if self._task is not None:
-            self._task.cancel()
-
-
-async def _until_stopped(job: Job) -> None:
-    """Wait for the job's outcome: return when it completed, raise its error or its stop otherwise."""
-    while True:
-        version = job.version
-        status = job.snapshot()["status"]
-        if status == "completed":
-            return
-        if status in STOPPED:
-            raise job.error or DownloadStopped(f"The download of {job.model_name} was {status}")
-        await job.wait_change(version)
-
 
 class DownloadsHandler(LemonkitHandler):
-    """``GET /v1/downloads``: the server-owned jobs."""
+    """``GET /v1/downloads``: the server-owned jobs, those a previous server left included."""
 
     async def get(self) -> None:
+        await self.service.downloads.restore()
         self.write_json([job.snapshot() for job in self.service.downloads.jobs()])
 
 
@@ -190,6 +235,7 @@ class DeleteHandler(LemonkitHandler):
             )
         if service.manager.loaded(info.id) is not None:
             await service.manager.unload(info.id)
+        await service.downloads.restore()
         job = service.downloads.get(f"model:{info.id}")
         plan = job.plan if job is not None else None
         if job is not None:

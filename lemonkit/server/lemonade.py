@@ -5,26 +5,63 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from lemonkit.options import RECIPE_OPTIONS
+from lemonkit.errors import InvalidArgument
+from lemonkit.options import RECIPE_OPTIONS, check_runnable
+from lemonkit.registry import COLLECTION_OMNI, ModelInfo, Registry
 from lemonkit.server.base import LemonkitHandler, allow_unauthenticated
+from lemonkit.server.downloads import JobWaiting
 from lemonkit.system_info import system_info
 
 __all__ = ["HealthHandler", "LiveHandler", "LoadHandler", "StatsHandler", "SystemInfoHandler", "UnloadHandler"]
 
 
-class LoadHandler(LemonkitHandler):
+class LoadHandler(JobWaiting):
+    """``POST /v1/load``: load a registered model, pulling what it lacks first ("Installs the model if necessary").
+
+    The download is the model's job, listed in ``/v1/downloads`` while it runs and shared with any pull of it; a
+    failure answers as a non-streaming pull would, and a client that hangs up leaves it paused. A collection
+    pulls its missing components, then loads each in turn without the request's options (as the spec says).
+    """
+
     schema = "load"
 
     async def post(self) -> None:
         body = self.json_body()
         options: dict[str, Any] = {k: body[k] for names in RECIPE_OPTIONS.values() for k in names if k in body}
-        model = await self.service.manager.load(
-            body["model_name"],
+        service = self.service
+        info = await asyncio.to_thread(service.registry.get, body["model_name"])
+        parts, missing = await asyncio.to_thread(self._to_install, service.registry, info)
+        if missing:
+            if info.recipe != COLLECTION_OMNI:  # what the load would refuse fails now, not after a download
+                check_runnable((await service.manager.options_for(info, options)).effective)
+            if not await self.install(missing):
+                return  # the client hung up: nothing to answer, its downloads pause
+        if info.recipe == COLLECTION_OMNI:
+            for part in parts:
+                await service.manager.load(part.id)
+            self.write_json({"status": "success", "message": f"Loaded model: {info.id}"})
+            return
+        model = await service.manager.load(
+            info.id,
             options,
             save_options=bool(body.get("save_options")),
             pinned=body.get("pinned"),  # absent or null: keep the pin saved in recipe_options.json
         )
         self.write_json({"status": "success", "message": f"Loaded model: {model.name}"})
+
+    @staticmethod
+    def _to_install(registry: Registry, info: ModelInfo) -> tuple[list[ModelInfo], list[ModelInfo]]:
+        """The models a load of ``info`` loads (a collection's components, else itself) and those not downloaded.
+
+        Raises:
+            InvalidArgument: A component of the collection is no longer registered (as pulling it says).
+        """
+        parts = [info]
+        if info.recipe == COLLECTION_OMNI:
+            parts = registry.collection_parts(info)
+            if len(parts) != len(info.components):
+                raise InvalidArgument(f"{info.id}: some of its components ({', '.join(info.components)}) are gone")
+        return parts, [p for p in parts if not registry.is_downloaded(p)]
 
 
 class UnloadHandler(LemonkitHandler):
@@ -38,7 +75,28 @@ class UnloadHandler(LemonkitHandler):
 
 class HealthHandler(LemonkitHandler):
     async def get(self) -> None:
-        self.write_json(self.service.manager.health())
+        self.write_json({**self.service.manager.health(), **self._websocket()})
+
+    def _websocket(self) -> dict[str, Any]:
+        """Where ``WS /logs/stream`` is served: both hosts serve it on their one HTTP port, so the spec's
+        ``websocket_port`` is the local port of this very connection (the bound port even with ``--port 0``; none
+        on a Unix socket, and then the field is left out). ``websocket_path`` (lemonkit's own field) is where on
+        that port: Jupyter mounts it under ``{base_url}lemonkit/``, not at the spec's ``/logs/stream``."""
+        from lemonkit.server.logs import LogStreamHandler
+        from lemonkit.server.routes import API_PREFIXES, WS_ROUTES  # routes imports this module
+
+        found: dict[str, Any] = {}
+        stream = getattr(self.request.connection, "stream", None)
+        sock = getattr(stream, "socket", None)
+        address = sock.getsockname() if sock is not None else None
+        if isinstance(address, tuple):  # (host, port) or IPv6's (host, port, flow, scope)
+            found["websocket_port"] = address[1]
+        # this route is {root}{prefix}health, and the WS routes hang off the same root
+        path = self.request.path.rstrip("/")
+        root = next((path[: -len(p + "health")] for p in API_PREFIXES if path.endswith(f"/{p}health")), None)
+        if root is not None:
+            found["websocket_path"] = root + next(p for p, cls in WS_ROUTES if cls is LogStreamHandler)
+        return found
 
 
 class StatsHandler(LemonkitHandler):

@@ -1,4 +1,5 @@
-"""``WS /logs/stream`` on both hosts: snapshot, live entries, resume with ``after_seq``, bad messages, auth."""
+"""``WS /logs/stream`` on both hosts: where health says it is, snapshot, live entries, resume with ``after_seq``,
+bad messages, auth."""
 
 from __future__ import annotations
 
@@ -90,6 +91,32 @@ async def test_snapshot_then_live_entries(host: Host) -> None:
     try:
         history = await _subscribe(ws, live[0] - 1)
         assert any(e["tag"] == TINY for e in history if e["seq"] < loaded["seq"])
+    finally:
+        ws.close()
+
+
+async def test_health_advertises_where_the_stream_is(host: Host) -> None:
+    root = urlsplit(host.root)
+    async with host.client() as client:
+        health = (await client.get("health")).json()
+        # the same answer under every prefix: the path is found from the route, not from the prefix asked
+        for prefix in ("v0/", "v1/", "api/v0/"):
+            other = (await client.get(host.root + prefix + "health")).json()
+            assert (other["websocket_port"], other["websocket_path"]) == (
+                health["websocket_port"],
+                health["websocket_path"],
+            )
+    # the port this test connected to (the standalone's was OS-assigned: --port 0), and the path under the
+    # host's mount: the spec's /logs/stream standalone, {base_url}lemonkit/logs/stream in Jupyter
+    assert health["websocket_port"] == root.port and isinstance(health["websocket_port"], int)
+    assert health["websocket_path"] == root.path + "logs/stream"
+    if host.kind == "standalone":
+        assert health["websocket_path"] == "/logs/stream"
+    # a client that only follows health's fields reaches the stream
+    url = f"ws://{root.hostname}:{health['websocket_port']}{health['websocket_path']}"
+    ws = await websocket_connect(HTTPRequest(url, headers=host.headers))
+    try:
+        await _subscribe(ws)
     finally:
         ws.close()
 

@@ -8,6 +8,7 @@ need a download to be caught mid-way make the hub hold at a known byte, then pol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -23,6 +24,7 @@ import pytest
 from conftest import API_KEY, Host, Standalone
 from hub_server import HubServer, tiny_gguf_repo
 
+from lemonkit.downloads import Job
 from lemonkit.registry import Registry
 
 T = TypeVar("T")
@@ -174,6 +176,28 @@ async def model(client: httpx.AsyncClient, name: str) -> dict[str, Any]:
     response = await client.get(f"models/{name}")
     assert response.status_code == 200, response.text
     return response.json()
+
+
+async def loaded(client: httpx.AsyncClient) -> set[str]:
+    return {m["model_name"] for m in (await client.get("health")).json()["all_models_loaded"]}
+
+
+def saved_jobs(root: Path) -> dict[str, Any]:
+    """The jobs ``downloads.json`` holds now (``{}`` while it is not there)."""
+    try:
+        return json.loads((root / "cache" / "downloads.json").read_text())["jobs"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+async def until_saved(root: Path, name: str, check: Callable[[dict[str, Any]], bool], what: str) -> None:
+    """Wait until ``downloads.json`` holds ``name``'s job as ``check`` wants it (it is written off the loop)."""
+
+    async def probe() -> bool:
+        entry = saved_jobs(root).get(f"model:{name}")
+        return entry is not None and check(entry)
+
+    await until(probe, what)
 
 
 # -- pull in every mode ------------------------------------------------------------------------------------------
@@ -614,6 +638,122 @@ async def test_update_available(env: Env) -> None:
         await until(lambda: flag(False), "update_available to clear")
 
 
+# -- load installs what it needs --------------------------------------------------------------------------------
+
+
+async def test_load_pulls_a_registered_model_first(env: Env) -> None:
+    repo = env.repo()
+    name = fresh("user.lazy-")
+    env.registry().register(name, registration(repo))
+    chat = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with env.client() as client:
+        # inference does not download: it refuses, and says how to get the model
+        refused = assert_error(await client.post("chat/completions", json=chat), 500, "model_load_error")
+        assert all(s in refused["message"] for s in ("not downloaded", "/v1/pull", "/v1/load")), refused
+        assert not env.hub.served(PLAIN, repo)
+        response = await client.post("load", json={"model_name": name})
+        assert response.json() == {"status": "success", "message": f"Loaded model: {name}"}
+        assert name in await loaded(client)
+        assert (await model(client, name))["downloaded"]
+        snapshot = env.storage(repo) / "snapshots" / env.hub.head(repo)
+        assert (snapshot / PLAIN).read_bytes() == env.files[PLAIN].read_bytes()
+        assert (snapshot / PLAIN).resolve().name == env.hub.file(repo, PLAIN).sha256
+        assert (env.storage(repo) / "refs" / "main").read_text() == env.hub.head(repo)
+        assert (await client.post("chat/completions", json=chat)).status_code == 200
+        assert await job_of(client, name) is None  # the load's job went with the load
+        assert (await client.post("load", json={"model_name": name})).status_code == 200
+    assert len(env.hub.served(PLAIN, repo)) == 1  # the second load fetched nothing
+
+
+async def test_load_answers_a_failed_download_as_pull_does(env: Env) -> None:
+    repo = env.repo()
+    gone, flaky = fresh("user.gone-"), fresh("user.flaky-load-")
+    registry = env.registry()
+    registry.register(gone, registration(fresh("lemonkit/no-such-repo-")))
+    registry.register(flaky, registration(repo))
+    async with env.client() as client:
+        missing = assert_error(await client.post("load", json={"model_name": gone}), 404, "model_not_found")
+        assert missing == assert_error(await client.post("pull", json={"model_name": gone}), 404, "model_not_found")
+        answers = []
+        for route in ("load", "pull"):
+            env.hub.fail(500, times=20)
+            answers.append(await client.post(route, json={"model_name": flaky}))
+        env.hub.fail(500, times=0)
+        failed, pulled = (assert_error(r, 502, "download_error") for r in answers)
+        assert failed["type"] == pulled["type"]
+        # what the load would refuse fails before a byte is fetched
+        rocm = {"model_name": flaky, "llamacpp_backend": "rocm"}
+        assert_error(await client.post("load", json=rocm), 400, "invalid_argument")
+        assert not env.hub.served(PLAIN, repo)
+        assert not (await model(client, flaky))["downloaded"]
+        assert not await loaded(client) & {gone, flaky}
+        assert await job_of(client, flaky) is None
+
+
+async def test_a_loads_download_is_listed_and_pauses_when_its_client_leaves(env: Env) -> None:
+    repo, other_repo = env.repo(), env.repo()
+    name, left = fresh("user.waiting-"), fresh("user.leaving-")
+    registry = env.registry()
+    registry.register(name, registration(repo))
+    registry.register(left, registration(other_repo))
+    size = env.hub.file(other_repo, PLAIN).size
+    env.hub.hold(at=100_000, path=PLAIN)
+    async with env.client() as client:
+        loading = asyncio.create_task(client.post("load", json={"model_name": name}))
+        job = await wait_job(client, name, lambda j: j["bytes_downloaded"] == 100_000, "the load's download")
+        assert (job["status"], job["running"], job["file"]) == ("downloading", True, PLAIN)
+        assert not loading.done() and name not in await loaded(client)
+        env.hub.release()
+        assert (await loading).json() == {"status": "success", "message": f"Loaded model: {name}"}
+        assert name in await loaded(client)
+
+        # its client leaves: nobody wants the download any more, so it pauses and keeps what it fetched
+        env.hub.hold(at=100_000, path=PLAIN)
+        leaver = env.client()
+        leaving = asyncio.create_task(leaver.post("load", json={"model_name": left}))
+        await wait_job(client, left, lambda j: j["bytes_downloaded"] == 100_000, "the load's download")
+        leaving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await leaving
+        await leaver.aclose()
+
+        async def stopped() -> bool:  # a stopped job nobody owns leaves the list
+            return await job_of(client, left) is None
+
+        await until(stopped, "the abandoned download to stop")
+        assert env.partial(other_repo, PLAIN).stat().st_size == 100_000
+        assert not (await model(client, left))["downloaded"] and left not in await loaded(client)
+        env.hub.release()
+        assert (await client.post("load", json={"model_name": left})).status_code == 200  # resumes it
+    first, second = env.hub.served(PLAIN, other_repo)
+    assert (first.range_start, first.sent) == (None, 100_000)
+    assert (second.range_start, second.sent) == (100_000, size - 100_000)
+
+
+async def test_load_of_a_collection_pulls_its_missing_components(env: Env) -> None:
+    have_repo, missing_repo = env.repo(), env.repo()
+    have, missing, temporary = fresh("user.have-"), fresh("user.missing-"), fresh("user.temporary-")
+    kit, broken = fresh("user.LoadKit-"), fresh("user.BrokenKit-")
+    registry = env.registry()
+    registry.register(have, registration(have_repo))
+    registry.register(missing, registration(missing_repo))
+    registry.register(temporary, registration(missing_repo))
+    registry.register(kit, {"recipe": "collection.omni", "components": [have, missing]})
+    registry.register(broken, {"recipe": "collection.omni", "components": [have, temporary]})
+    registry.unregister(temporary)
+    async with env.client() as client:
+        assert (await client.post("pull", json={"model_name": have})).json()["status"] == "success"
+        assert not (await model(client, kit))["downloaded"]
+        response = await client.post("load", json={"model_name": kit})
+        assert response.json() == {"status": "success", "message": f"Loaded model: {kit}"}
+        assert (await model(client, missing))["downloaded"] and (await model(client, kit))["downloaded"]
+        assert missing in await loaded(client)  # the components load in turn: the last one holds the LLM slot
+        error = assert_error(await client.post("load", json={"model_name": broken}), 400, "invalid_argument")
+        assert "gone" in error["message"]
+    assert len(env.hub.served(PLAIN, have_repo)) == 1  # the component already there was not fetched again
+    assert len(env.hub.served(PLAIN, missing_repo)) == 1
+
+
 # -- delete ------------------------------------------------------------------------------------------------------
 
 
@@ -673,6 +813,7 @@ async def test_killed_server_resumes_after_restart(
             body = {"model_name": name, **registration(repo), "stream": True, "subscribe": False}
             await client.post("pull", json=body)
             await wait_job(client, name, lambda j: j["bytes_downloaded"] == 400_000, "the hold")
+        await until_saved(tmp_path, name, lambda e: e["plan"] is not None, "the planned job in downloads.json")
         server.process.kill()
         server.process.wait(30)
     finally:
@@ -682,14 +823,119 @@ async def test_killed_server_resumes_after_restart(
     server = Standalone(server_env)
     try:
         async with Host("standalone", server.root, API_KEY).client() as client:
+            # the new server lists the job it never ran: paused, its progress read from the partial file
+            restored = await job_of(client, name)
+            assert restored is not None, "the interrupted job is not listed after the restart"
+            assert restored["status"] == "paused" and restored["running"] is False and not restored["complete"]
+            assert (restored["file"], restored["file_index"], restored["total_files"]) == (PLAIN, 1, 1)
+            assert restored["bytes_downloaded"] == restored["bytes_previously_downloaded"] == 400_000
+            assert restored["cumulative_bytes_downloaded"] == 400_000
+            assert restored["bytes_total"] == restored["total_download_size"] == size
+            assert restored["percent"] == 400_000 * 100 // size
             obj = await model(client, name)  # registered before the first byte moved
             assert obj["downloaded"] is False
             assert (await client.post("pull", json={"model_name": name})).json()["status"] == "success"
             assert (await model(client, name))["downloaded"]
+            done = await job_of(client, name)
+            assert done is not None and done["status"] == "completed" and done["complete"]
     finally:
         server.stop()
     _, second = module_hub.served(PLAIN, repo)
     assert (second.range_start, second.sent) == (400_000, size - 400_000)
+
+
+async def test_jobs_survive_restarts_and_cancel_and_remove_still_apply(
+    module_hub: HubServer, repo_files: dict[str, Path], tmp_path: Path
+) -> None:
+    env = Env(Host("standalone", "", API_KEY), module_hub, tmp_path, repo_files)
+    kept_repo, dropped_repo = env.repo(), env.repo()
+    kept, dropped = fresh("user.kept-"), fresh("user.dropped-")
+    size = module_hub.file(kept_repo, PLAIN).size
+    server_env = {**env_for(module_hub, tmp_path), "LEMONADE_API_KEY": API_KEY}
+
+    def client_of(server: Standalone) -> httpx.AsyncClient:
+        return Host("standalone", server.root, API_KEY).client()
+
+    module_hub.hold(at=100_000, path=PLAIN)
+    try:
+        server = Standalone(server_env)
+        try:
+            async with client_of(server) as client:
+                for name, repo in ((kept, kept_repo), (dropped, dropped_repo)):
+                    body = {"model_name": name, **registration(repo), "stream": True, "subscribe": False}
+                    await client.post("pull", json=body)
+                    await wait_job(client, name, lambda j: j["bytes_downloaded"] == 100_000, "the hold")
+                await client.post("downloads/control", json={"id": f"model:{kept}", "action": "pause"})
+                await wait_job(client, kept, lambda j: not j["running"], "the pause")
+            await until_saved(tmp_path, kept, lambda e: e["status"] == "paused", "the paused job on disk")
+            await until_saved(tmp_path, dropped, lambda e: e["plan"] is not None, "the running job on disk")
+            server.process.kill()  # one job paused, one running
+            server.process.wait(30)
+        finally:
+            server.stop()
+
+        server = Standalone(server_env)
+        try:
+            async with client_of(server) as client:
+                jobs = {j["model_name"]: j for j in (await client.get("downloads")).json()}
+                assert set(jobs) == {kept, dropped}
+                for job in jobs.values():
+                    assert (job["status"], job["running"], job["bytes_downloaded"]) == ("paused", False, 100_000)
+                cancel = {"id": f"model:{dropped}", "action": "cancel"}
+                cancelled = (await client.post("downloads/control", json=cancel)).json()
+                assert cancelled["status"] == "cancelled" and cancelled["running"] is False
+                assert not env.partial(dropped_repo, PLAIN).exists()  # cancel discards the partial file
+                assert env.partial(kept_repo, PLAIN).stat().st_size == 100_000
+                listed = await job_of(client, dropped)
+                assert listed is not None and listed["status"] == "cancelled"
+                remove = {"id": f"model:{dropped}", "action": "remove"}
+                assert (await client.post("downloads/control", json=remove)).json() == {"status": "ok"}
+                assert await job_of(client, dropped) is None
+        finally:
+            server.stop()  # a clean stop: the removal is on disk before the process ends
+
+        server = Standalone(server_env)
+        try:
+            async with client_of(server) as client:
+                assert [j["model_name"] for j in (await client.get("downloads")).json()] == [kept]
+                module_hub.release()
+                assert (await client.post("pull", json={"model_name": kept})).json()["status"] == "success"
+                assert (await model(client, kept))["downloaded"]
+                assert not (await model(client, dropped))["downloaded"]
+        finally:
+            server.stop()
+    finally:
+        module_hub.release()
+    _, resumed = module_hub.served(PLAIN, kept_repo)
+    assert (resumed.range_start, resumed.sent) == (100_000, size - 100_000)
+    assert len(module_hub.served(PLAIN, dropped_repo)) == 1  # never resumed
+
+
+async def test_a_registration_stopped_before_its_row_was_saved_resumes(
+    module_hub: HubServer, repo_files: dict[str, Path], tmp_path: Path
+) -> None:
+    # a registration's row is saved once the hub has listed its files: a server that dies while the job plans
+    # leaves the job's entry (written when it started) for a model the registry does not know yet
+    env = Env(Host("standalone", "", API_KEY), module_hub, tmp_path, repo_files)
+    repo = env.repo()
+    name = fresh("user.unsaved-")
+    row = registration(repo)
+    started = Job(env.registry().preview(name, row), asyncio.get_running_loop(), owned=True, register=row)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "downloads.json").write_text(json.dumps({"jobs": {started.id: started.record()}}))
+    server = Standalone({**env_for(module_hub, tmp_path), "LEMONADE_API_KEY": API_KEY})
+    try:
+        async with Host("standalone", server.root, API_KEY).client() as client:
+            job = await job_of(client, name)
+            assert job is not None and (job["status"], job["running"], job["total_files"]) == ("paused", False, 0)
+            assert_error(await client.get(f"models/{name}"), 404, "model_not_found")
+            response = await client.post("pull", json={"model_name": name})  # by name: the job knows the row
+            assert response.json() == {"status": "success", "message": f"Installed model: {name}"}
+            assert (await model(client, name))["downloaded"]
+    finally:
+        server.stop()
+    rows = json.loads((tmp_path / "cache" / "user_models.json").read_text())
+    assert rows[name.removeprefix("user.")] == row
 
 
 # -- offline (the session's hosts) -------------------------------------------------------------------------------
