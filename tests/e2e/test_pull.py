@@ -982,3 +982,32 @@ async def test_cli_commands(pull_standalone: tuple[Host, Path], module_hub: HubS
     assert missing.returncode == 1 and "404" in missing.stderr
     cli_env["LEMONKIT_URL"] = "http://127.0.0.1:9"
     assert (await asyncio.to_thread(cli, "list")).returncode == 2
+
+
+# -- Python ------------------------------------------------------------------------------------------------------
+
+
+async def test_python_pull(pull_standalone: tuple[Host, Path], module_hub: HubServer, repo_files: dict) -> None:
+    import io
+
+    import lemonkit
+
+    host, _ = pull_standalone
+    repo = fresh("lemonkit/py-") + "-GGUF"
+    module_hub.add_repo(repo, repo_files)
+    name = "user." + repo.split("/")[1]
+
+    def pull(model: str, **kwargs: Any) -> tuple[dict[str, Any], str]:
+        bar = io.StringIO()
+        with lemonkit.Client(host.root, token=API_KEY) as client:
+            return lemonkit.pull(model, client=client, file=bar, **kwargs), bar.getvalue()
+
+    entry, bar = await asyncio.to_thread(pull, f"{repo}:Q4_K_M")
+    assert entry["id"] == name and entry["downloaded"] and "vision" in entry["labels"]
+    assert "100%" in bar and name in bar
+    explicit, _ = await asyncio.to_thread(pull, "user.py-explicit", checkpoint=f"{repo}:{PLAIN}", reasoning=True)
+    assert explicit["downloaded"] and "reasoning" in explicit["labels"]
+    with pytest.raises(lemonkit.ModelNotFound):
+        await asyncio.to_thread(pull, "user.nothing-here")
+    with pytest.raises(lemonkit.ModelNotFound):
+        await asyncio.to_thread(pull, "lemonkit/no-such-repo-GGUF")
