@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
                 print("lemonkit: no server running; this command runs its own", file=sys.stderr)
             _call(client, args)
     except ServerUnavailable as exc:
-        print(f"lemonkit {args.command}: {exc}", file=sys.stderr)
+        hint = f" (or `lemonkit serve --load {args.model}`)" if args.command == "load" else ""
+        print(f"lemonkit {args.command}: {exc}{hint}", file=sys.stderr)
         return 2
     except LemonkitError as exc:
         print(f"lemonkit {args.command}: {exc.status}: {exc}", file=sys.stderr)

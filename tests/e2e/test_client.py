@@ -143,7 +143,7 @@ def test_cli_without_a_server_runs_its_own() -> None:
     assert pulled.returncode == 0 and pulled.stdout.strip() == f"Installed model: {TINY}", pulled.stderr
     # a model loaded into a server that exits with the command would be gone at once: refuse instead
     load = cli("load", TINY)
-    assert load.returncode == 2 and "lemonkit serve" in load.stderr
+    assert load.returncode == 2 and f"lemonkit serve --load {TINY}" in load.stderr
 
 
 # -- the kernel's Jupyter server ----------------------------------------------------------------------------------
