@@ -713,6 +713,27 @@ class DownloadManager:
         thread.start()
         return new
 
+    async def install(self, infos: list[ModelInfo]) -> None:
+        """Download ``infos``, each through its job (joining one that runs), listed in ``/v1/downloads`` while
+        they run.
+
+        The wait subscribes to the jobs: when it is cancelled (its client left) a job nobody else wants pauses,
+        keeping its partial files for the next pull.
+
+        Raises:
+            LemonkitError: The first failure, with the status and code a non-streaming pull answers with.
+        """
+        jobs: list[Job] = []
+        try:
+            for info in infos:
+                job = await self.pull(info, owned=False, listed=True)
+                self.subscribe(job)  # before any other await: an unwatched job pauses
+                jobs.append(job)
+            await _all_done(jobs)
+        finally:
+            for job in jobs:
+                self.unsubscribe(job)
+
     async def control(self, job_id: str, action: str) -> dict[str, Any]:
         """``POST /v1/downloads/control``.
 
@@ -1270,6 +1291,16 @@ class DownloadManager:
         if "/" not in repo.strip("/"):
             raise InvalidArgument(f"checkpoint: expected 'owner/repo', got {checkpoint!r}")
         return list_variants(checkpoint, self.hub.listing(repo))
+
+
+async def _all_done(jobs: list[Job]) -> None:
+    """Wait until every job completed; the first failure raises and ends the other waits."""
+    waits = [asyncio.ensure_future(job.wait_done()) for job in jobs]
+    try:
+        await asyncio.gather(*waits)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 def _is_hub_error(exc: BaseException) -> bool:

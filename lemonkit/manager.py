@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -92,11 +92,20 @@ class ModelManager:
     Args:
         settings: The deployment's settings.
         registry: Where model names are looked up.
+        install: Downloads models that are not downloaded (the server's download jobs); without it a load of
+            such a model fails.
     """
 
-    def __init__(self, settings: Settings, registry: Registry) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        *,
+        install: Callable[[list[ModelInfo]], Awaitable[None]] | None = None,
+    ) -> None:
         self.settings = settings
         self.registry = registry
+        self._install = install
         self._loaded: dict[str, LoadedModel] = {}
         self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
         self._load_lock = asyncio.Lock()
@@ -177,6 +186,7 @@ class ModelManager:
         Raises:
             ModelNotFound: ``name`` is not registered.
             InvalidArgument: An option cannot be honoured here.
+            LemonkitError: Downloading the model failed (as a non-streaming pull answers).
             SlotsPinned: Every loaded model of this type is pinned.
             ModelLoadError: The sidecar failed to start or to load the model.
         """
@@ -184,7 +194,8 @@ class ModelManager:
         saved = await asyncio.to_thread(self.registry.saved_options, info.id)
         request = {k: v for k, v in (options or {}).items() if k in RECIPE_OPTIONS.get(info.recipe, ())}
         resolved = resolve_options(info, self.settings, saved, request).effective
-        check_runnable(resolved)
+        check_runnable(resolved)  # before a download: what the load would refuse is refused now
+        await self._download(info)
         if save_options:
             await asyncio.to_thread(self.registry.update_options, info.id, partial(_replace_options, info, request))
         was_pinned = bool(saved.get("pinned"))
@@ -223,6 +234,7 @@ class ModelManager:
         """Hold ``name`` loaded for the duration of one request, loading it on first use."""
         model = self._loaded.get(name)
         if model is None or model.process.returncode is not None:
+            await self._download(self.registry.get(name), as_load_error=True)
             options = {"ctx_size": ctx_size} if ctx_size is not None else None
             model = await self.load(name, options, reload=False)
         model.active += 1
@@ -236,6 +248,18 @@ class ModelManager:
             model.last_use = time.time()
             if model.active == 0:
                 model.idle.set()
+
+    async def _download(self, info: ModelInfo, *, as_load_error: bool = False) -> None:
+        """Download ``info`` first if it is not downloaded ("downloading and loading the model if it is not
+        loaded"); ``as_load_error`` reports a failure as the inference routes do (500 ``model_load_error``)."""
+        if self._install is None or await asyncio.to_thread(self.registry.is_downloaded, info):
+            return
+        try:
+            await self._install([info])
+        except LemonkitError as exc:
+            if not as_load_error:
+                raise
+            raise ModelLoadError(f"Downloading {info.id} failed: {exc.message}") from exc
 
     async def unload(self, name: str | None = None) -> list[str]:
         """Unload one model (by id or alias) or, without a name, all of them.

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -66,7 +66,7 @@ class LemonkitHandler(_Base):
     auth_required = True
     _sse_open = False
     _client_gone = False
-    _pump: asyncio.Future[None] | None = None
+    _waiting: asyncio.Future[Any] | None = None
 
     @property
     def service(self) -> Service:
@@ -143,8 +143,26 @@ class LemonkitHandler(_Base):
     def on_connection_close(self) -> None:
         super().on_connection_close()
         self._client_gone = True
-        if self._pump is not None:
-            self._pump.cancel()  # stops the upstream read, which tells the sidecar to stop generating
+        if self._waiting is not None:
+            # ends a stream's upstream read (the sidecar stops generating), a load's wait, a download's wait
+            self._waiting.cancel()
+
+    async def unless_gone(self, work: Awaitable[Any]) -> bool:
+        """Await ``work``, cancelling it if the client hangs up meanwhile.
+
+        Returns:
+            ``False`` when the client left (``work`` was cancelled), ``True`` when ``work`` finished.
+        """
+        outer, self._waiting = self._waiting, asyncio.ensure_future(work)
+        try:
+            await self._waiting
+        except asyncio.CancelledError:
+            if self._client_gone:
+                return False
+            raise
+        finally:
+            self._waiting = outer
+        return True
 
     async def pump(self, frames: AsyncIterator[bytes]) -> None:
         """Stream ``frames`` to the client until they end or the client leaves."""
@@ -153,17 +171,11 @@ class LemonkitHandler(_Base):
             async for frame in frames:
                 await self.sse_write(frame)
 
-        self._pump = asyncio.ensure_future(run())
         try:
-            await self._pump
+            if not await self.unless_gone(run()):
+                return
         except StreamClosedError:
             return
-        except asyncio.CancelledError:
-            if self._client_gone:
-                return
-            raise
-        finally:
-            self._pump = None
         self.finish()
 
     # -- talking to a model's sidecar ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,7 +28,6 @@ __all__ = [
     "DeleteHandler",
     "DownloadsControlHandler",
     "DownloadsHandler",
-    "JobWaiting",
     "PullHandler",
     "VariantsHandler",
 ]
@@ -37,68 +36,7 @@ T = TypeVar("T")
 _REGISTRATION_FIELDS = ("checkpoint", "recipe", "components")
 
 
-class JobWaiting(LemonkitHandler):
-    """A handler that waits on download jobs, and stops waiting when its client hangs up."""
-
-    _task: asyncio.Future[Any] | None = None
-
-    async def _unless_gone(self, waiting: Awaitable[Any]) -> bool:
-        """Await ``waiting``; ``False`` when the client hung up meanwhile (the wait is then abandoned)."""
-        self._task = asyncio.ensure_future(waiting)
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            if self._client_gone:
-                return False
-            raise
-        finally:
-            self._task = None
-        return True
-
-    def on_connection_close(self) -> None:
-        super().on_connection_close()
-        if self._task is not None:
-            self._task.cancel()
-
-    async def install(self, infos: list[ModelInfo]) -> bool:
-        """Download ``infos`` as a non-streaming pull does, each through its job (joining one that runs).
-
-        The jobs are listed in ``/v1/downloads`` while they run; when the client hangs up and nobody else
-        wants them, they pause (their partial files stay for the next pull).
-
-        Args:
-            infos: Registered models that are not (completely) downloaded.
-
-        Returns:
-            ``True`` once every download completed, ``False`` when the client hung up first.
-
-        Raises:
-            LemonkitError: The first failure, with the status and code a non-streaming pull answers with.
-        """
-        downloads = self.service.downloads
-        jobs: list[Job] = []
-        try:
-            for info in infos:
-                job = await downloads.pull(info, owned=False, listed=True)
-                downloads.subscribe(job)  # before any other await: an unwatched job pauses
-                jobs.append(job)
-            return await self._unless_gone(_all_done(jobs))
-        finally:
-            for job in jobs:
-                downloads.unsubscribe(job)
-
-
-async def _all_done(jobs: list[Job]) -> None:
-    """Wait until every job completed; the first failure raises and ends the other waits."""
-    waits = [asyncio.ensure_future(job.wait_done()) for job in jobs]
-    try:
-        await asyncio.gather(*waits)
-    finally:
-        for wait in waits:
-            wait.cancel()
-
-
-class PullHandler(JobWaiting):
+class PullHandler(LemonkitHandler):
     """``POST /v1/pull``: install a registered model, or register one and install it."""
 
     schema = "pull"
@@ -117,13 +55,13 @@ class PullHandler(JobWaiting):
         downloads.subscribe(job)
         try:
             # errors found before any byte moves (unknown repo, no such quant) answer with their own status
-            if not await self._unless_gone(asyncio.shield(job.planned)):
+            if not await self.unless_gone(asyncio.shield(job.planned)):
                 return
             if stream:
                 await self.sse_open()
                 await self.pump(self._frames(job))
                 return
-            if not await self._unless_gone(job.wait_done()):
+            if not await self.unless_gone(job.wait_done()):
                 return
             self.write_json({"status": "success", "message": f"Installed model: {body['model_name']}"})
         finally:

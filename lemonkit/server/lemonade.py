@@ -6,16 +6,15 @@ import asyncio
 from typing import Any
 
 from lemonkit.errors import InvalidArgument
-from lemonkit.options import RECIPE_OPTIONS, check_runnable
+from lemonkit.options import RECIPE_OPTIONS
 from lemonkit.registry import COLLECTION_OMNI, ModelInfo, Registry
 from lemonkit.server.base import LemonkitHandler, allow_unauthenticated
-from lemonkit.server.downloads import JobWaiting
 from lemonkit.system_info import system_info
 
 __all__ = ["HealthHandler", "LiveHandler", "LoadHandler", "StatsHandler", "SystemInfoHandler", "UnloadHandler"]
 
 
-class LoadHandler(JobWaiting):
+class LoadHandler(LemonkitHandler):
     """``POST /v1/load``: load a registered model, pulling what it lacks first ("Installs the model if necessary").
 
     The download is the model's job, listed in ``/v1/downloads`` while it runs and shared with any pull of it; a
@@ -26,41 +25,36 @@ class LoadHandler(JobWaiting):
     schema = "load"
 
     async def post(self) -> None:
-        body = self.json_body()
-        options: dict[str, Any] = {k: body[k] for names in RECIPE_OPTIONS.values() for k in names if k in body}
+        await self.unless_gone(self._load(self.json_body()))
+
+    async def _load(self, body: dict[str, Any]) -> None:
         service = self.service
-        info = await asyncio.to_thread(service.registry.get, body["model_name"])
-        parts, missing = await asyncio.to_thread(self._to_install, service.registry, info)
-        if missing:
-            if info.recipe != COLLECTION_OMNI:  # what the load would refuse fails now, not after a download
-                check_runnable((await service.manager.options_for(info, options)).effective)
-            if not await self.install(missing):
-                return  # the client hung up: nothing to answer, its downloads pause
+        info = service.registry.get(body["model_name"])
         if info.recipe == COLLECTION_OMNI:
+            parts, missing = await asyncio.to_thread(self._parts, service.registry, info)
+            await service.downloads.install(missing)  # all of them before any load: a failure loads nothing
             for part in parts:
                 await service.manager.load(part.id)
             self.write_json({"status": "success", "message": f"Loaded model: {info.id}"})
             return
         model = await service.manager.load(
             info.id,
-            options,
+            {k: body[k] for names in RECIPE_OPTIONS.values() for k in names if k in body},
             save_options=bool(body.get("save_options")),
             pinned=body.get("pinned"),  # absent or null: keep the pin saved in recipe_options.json
         )
         self.write_json({"status": "success", "message": f"Loaded model: {model.name}"})
 
     @staticmethod
-    def _to_install(registry: Registry, info: ModelInfo) -> tuple[list[ModelInfo], list[ModelInfo]]:
-        """The models a load of ``info`` loads (a collection's components, else itself) and those not downloaded.
+    def _parts(registry: Registry, info: ModelInfo) -> tuple[list[ModelInfo], list[ModelInfo]]:
+        """A collection's components, and those not downloaded.
 
         Raises:
-            InvalidArgument: A component of the collection is no longer registered (as pulling it says).
+            InvalidArgument: A component is no longer registered (as pulling it says).
         """
-        parts = [info]
-        if info.recipe == COLLECTION_OMNI:
-            parts = registry.collection_parts(info)
-            if len(parts) != len(info.components):
-                raise InvalidArgument(f"{info.id}: some of its components ({', '.join(info.components)}) are gone")
+        parts = registry.collection_parts(info)
+        if len(parts) != len(info.components):
+            raise InvalidArgument(f"{info.id}: some of its components ({', '.join(info.components)}) are gone")
         return parts, [p for p in parts if not registry.is_downloaded(p)]
 
 

@@ -46,6 +46,9 @@ class InferenceHandler(LemonkitHandler):
         body = self.json_body()
         info = self.service.registry.get(body["model"])
         self.check_applicable(info)
+        await self.unless_gone(self._serve(info, body))  # a client that leaves also ends a first-use download
+
+    async def _serve(self, info: ModelInfo, body: dict[str, Any]) -> None:
         async with self.service.manager.use(info.id, ctx_size=body.get("ctx_size")) as model:
             await self.run(model, body)
 

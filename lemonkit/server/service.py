@@ -26,8 +26,8 @@ class Service:
         self.settings = settings or Settings()
         self.settings.cache_dir.mkdir(parents=True, exist_ok=True)
         self.registry = Registry(self.settings.cache_dir)
-        self.manager = ModelManager(self.settings, self.registry)
         self.downloads = DownloadManager(self.settings, self.registry)
+        self.manager = ModelManager(self.settings, self.registry, install=self.downloads.install)
         self.installer = Installer(self.settings, self.manager)
         logs.install()  # the log stream starts with the server
 

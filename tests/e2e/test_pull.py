@@ -647,10 +647,6 @@ async def test_load_pulls_a_registered_model_first(env: Env) -> None:
     env.registry().register(name, registration(repo))
     chat = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     async with env.client() as client:
-        # inference does not download: it refuses, and says how to get the model
-        refused = assert_error(await client.post("chat/completions", json=chat), 500, "model_load_error")
-        assert all(s in refused["message"] for s in ("not downloaded", "/v1/pull", "/v1/load")), refused
-        assert not env.hub.served(PLAIN, repo)
         response = await client.post("load", json={"model_name": name})
         assert response.json() == {"status": "success", "message": f"Loaded model: {name}"}
         assert name in await loaded(client)
@@ -663,6 +659,61 @@ async def test_load_pulls_a_registered_model_first(env: Env) -> None:
         assert await job_of(client, name) is None  # the load's job went with the load
         assert (await client.post("load", json={"model_name": name})).status_code == 200
     assert len(env.hub.served(PLAIN, repo)) == 1  # the second load fetched nothing
+
+
+async def test_first_use_downloads_the_model(env: Env) -> None:
+    repo = env.repo()
+    name, broken = fresh("user.first-use-"), fresh("user.first-use-broken-")
+    env.registry().register(name, registration(repo))
+    env.registry().register(broken, registration(fresh("lemonkit/no-such-repo-")))
+    async with env.client() as client:
+        # "downloading and loading the model if it is not loaded", on every inference route
+        completion = {"model": name, "prompt": "one", "max_tokens": 3}
+        response = await client.post("completions", json=completion)
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 3
+        assert (await model(client, name))["downloaded"] and name in await loaded(client)
+        # a download that fails answers as the inference routes' table says
+        failed = assert_error(
+            await client.post(
+                "chat/completions", json={"model": broken, "messages": [{"role": "user", "content": "x"}]}
+            ),
+            500,
+            "model_load_error",
+        )
+        assert broken in failed["message"]
+        assert not (await model(client, broken))["downloaded"] and broken not in await loaded(client)
+    assert len(env.hub.served(PLAIN, repo)) == 1
+
+
+async def test_a_first_use_download_pauses_when_its_client_leaves(env: Env) -> None:
+    repo = env.repo()
+    name = fresh("user.first-use-leaving-")
+    env.registry().register(name, registration(repo))
+    size = env.hub.file(repo, PLAIN).size
+    env.hub.hold(at=100_000, path=PLAIN)
+    async with env.client() as client:
+        leaver = env.client()
+        chat = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
+        leaving = asyncio.create_task(leaver.post("chat/completions", json=chat))
+        job = await wait_job(client, name, lambda j: j["bytes_downloaded"] == 100_000, "the chat's download")
+        assert job["status"] == "downloading"
+        leaving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await leaving
+        await leaver.aclose()
+
+        async def stopped() -> bool:
+            return await job_of(client, name) is None
+
+        await until(stopped, "the abandoned download to stop")
+        assert env.partial(repo, PLAIN).stat().st_size == 100_000
+        env.hub.release()
+        chat["stream"] = False
+        assert (await client.post("chat/completions", json=chat)).status_code == 200  # resumes it
+    first, second = env.hub.served(PLAIN, repo)
+    assert (first.range_start, first.sent) == (None, 100_000)
+    assert (second.range_start, second.sent) == (100_000, size - 100_000)
 
 
 async def test_load_answers_a_failed_download_as_pull_does(env: Env) -> None:
