@@ -249,7 +249,12 @@ def _result(response: httpx.Response) -> Any:
 
 def _parse_events(lines: Iterator[str] | list[str], state: list[str]) -> Iterator[Event]:
     """SSE lines -> events; ``state`` holds the pending ``event:`` name between calls (async callers feed lines
-    one at a time)."""
+    one at a time).
+
+    Raises:
+        LemonkitError: A plain ``data:`` event carrying ``{"error": {...}}`` (a stream that failed after it
+            started), as its class.
+    """
     for line in lines:
         if line.startswith("event: "):
             state[0] = line[7:]
@@ -258,7 +263,10 @@ def _parse_events(lines: Iterator[str] | list[str], state: list[str]) -> Iterato
             if data == "[DONE]":
                 return
             name, state[0] = state[0], "message"
-            yield Event(name, json.loads(data))
+            event = Event(name, json.loads(data))
+            if name == "message" and isinstance(event.data, dict) and isinstance(event.data.get("error"), dict):
+                raise error_from_body(None, event.data)
+            yield event
 
 
 def pull_body(

@@ -69,6 +69,22 @@ async def test_wrong_credentials_raise_unauthorized(host: Host) -> None:
     await asyncio.to_thread(call)
 
 
+def test_an_error_event_raises_its_class() -> None:
+    from lemonkit.client import _parse_events
+
+    error = {"error": {"message": "engine died", "type": "backend_error", "code": "backend_error"}}
+    lines = ['data: {"choices": []}', "", ": ping", f"data: {json.dumps(error)}"]
+    events = _parse_events(lines, ["message"])
+    assert next(events).data == {"choices": []}
+    with pytest.raises(lemonkit.LemonkitError) as failed:
+        next(events)
+    assert type(failed.value).__name__ == "BackendError" and failed.value.message == "engine died"
+    named = list(
+        _parse_events(["event: error", 'data: {"error": "hub down"}', "data: [DONE]", "data: {}"], ["message"])
+    )
+    assert [(e.name, e.data) for e in named] == [("error", {"error": "hub down"})]  # a named event is the caller's
+
+
 def test_api_root_spellings() -> None:
     assert api_root("http://h:1") == "http://h:1/api/v1"
     assert api_root("http://h:8888/base/lemonkit/") == "http://h:8888/base/lemonkit/api/v1"
