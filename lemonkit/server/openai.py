@@ -44,7 +44,7 @@ class InferenceHandler(LemonkitHandler):
 
     async def post(self) -> None:
         body = self.json_body()
-        info = self.service.registry.get(body["model"])
+        info = await self.service.lookup(body["model"])
         self.check_applicable(info)
         await self.unless_gone(self._serve(info, body))  # a client that leaves also ends a first-use download
 
@@ -192,7 +192,7 @@ class ModelHandler(LemonkitHandler):
     async def get(self, model_id: str) -> None:
         include_paths = _flag(self.get_query_argument("include_paths", None))
         registry = self.service.registry
-        info = registry.get(model_id)
+        info = await self.service.lookup(model_id)
         obj = await asyncio.to_thread(
             registry.model_object, info, include_paths=include_paths, context_length=_loaded_ctx(self, info)
         )

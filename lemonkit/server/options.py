@@ -25,7 +25,7 @@ class ModelFilesHandler(LemonkitHandler):
     async def get(self, model_id: str) -> None:
         include_paths = _flag(self.get_query_argument("include_paths", None))
         registry = self.service.registry
-        info = registry.get(model_id)
+        info = await self.service.lookup(model_id)
         if info.id != model_id:  # the spec takes only a listed id here: no alias, no ":latest"
             raise ModelNotFound(f"{model_id!r} is not a model id (it names {info.id!r}; use that)")
         try:
@@ -41,14 +41,14 @@ class ModelOptionsHandler(LemonkitHandler):
     """``GET``, ``POST`` and ``DELETE /v1/models/{id}/options``."""
 
     async def get(self, model_id: str) -> None:
-        info = self.service.registry.get(model_id)
+        info = await self.service.lookup(model_id)
         saved = await asyncio.to_thread(self.service.registry.saved_options, info.id)
         self.write_json(await self._describe(model_id, info, saved, saved))
 
     async def post(self, model_id: str) -> None:
         body = self.json_body()
         registry = self.service.registry
-        info = registry.get(model_id)
+        info = await self.service.lookup(model_id)
         changes, dry_run = parse_changes(info.recipe, body)  # raises before anything is written
         if dry_run:
             on_disk = await asyncio.to_thread(registry.saved_options, info.id)
@@ -58,7 +58,7 @@ class ModelOptionsHandler(LemonkitHandler):
         self.write_json(await self._describe(model_id, info, on_disk, entry))
 
     async def delete(self, model_id: str) -> None:
-        info = self.service.registry.get(model_id)
+        info = await self.service.lookup(model_id)
         await self._save(self.service.registry.save_options, info.id, {})
         self.write_json(await self._describe(model_id, info, {}, {}))
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from lemonkit import logs
 from lemonkit.config import Settings
 from lemonkit.downloads import DownloadManager
 from lemonkit.installer import Installer
 from lemonkit.manager import ModelManager
-from lemonkit.registry import Registry
+from lemonkit.registry import ModelInfo, Registry
 
 __all__ = ["SETTINGS_KEY", "Service"]
 
@@ -30,6 +32,15 @@ class Service:
         self.manager = ModelManager(self.settings, self.registry, install=self.downloads.install)
         self.installer = Installer(self.settings, self.manager)
         logs.install()  # the log stream starts with the server
+
+    async def lookup(self, name: str) -> ModelInfo:
+        """``registry.get`` off the event loop: it stats (and may re-read) user_models.json, which another
+        server sharing the cache may have changed, on what can be a network file system.
+
+        Raises:
+            ModelNotFound: Nothing is registered under ``name``.
+        """
+        return await asyncio.to_thread(self.registry.get, name)
 
     async def close(self) -> None:
         await self.downloads.close()
