@@ -23,7 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -168,14 +169,18 @@ def _bench(
     _direct(llm, 8)
     rates: dict[str, list[float]] = {"direct": [], "generate": [], **{h: [] for h in hosts}}
     counts: dict[str, int] = {}
-    for _ in range(rounds):
-        rate, counts["direct"] = _direct(llm, tokens)
-        rates["direct"].append(rate)
-        rate, counts["generate"] = _direct_generate(llm, tokens)
-        rates["generate"].append(rate)
-        for host, (base, headers) in hosts.items():
-            rate, counts[host] = _via_api(base, headers, model, tokens)
-            rates[host].append(rate)
+    runs: dict[str, Callable[[], tuple[float, int]]] = {
+        "direct": partial(_direct, llm, tokens),
+        "generate": partial(_direct_generate, llm, tokens),
+        **{host: partial(_via_api, base, headers, model, tokens) for host, (base, headers) in hosts.items()},
+    }
+    order = list(runs)
+    for round_ in range(rounds):
+        # rotate who goes first: whatever the previous run leaves behind (a sidecar's engine threads still
+        # polling for work, a cooling core) must not always land on the same contender
+        for contender in order[round_ % len(order) :] + order[: round_ % len(order)]:
+            rate, counts[contender] = runs[contender]()
+            rates[contender].append(rate)
     medians = {k: statistics.median(v) for k, v in rates.items()}
     print(f"\n{name}: {tokens} tokens, {rounds} rounds, medians of decode tok/s (tokens seen: {counts})")
     print("  direct = create_completion(stream=True); generate = the bare token loop (the engine's own path)")

@@ -294,17 +294,14 @@ class Job:
     def version(self) -> int:
         return self._version
 
-    async def wait_change(self, version: int, timeout: float | None = None) -> bool:
-        """Wait until the job changed since ``version`` (``False`` on timeout)."""
+    async def wait_change(self, version: int) -> None:
+        """Wait until the job changed since ``version``."""
         if self._version != version:
-            return True
+            return
         waiter: asyncio.Future[None] = self._loop.create_future()
         self._waiters.append(waiter)
         try:
-            await asyncio.wait_for(waiter, timeout)
-            return True
-        except TimeoutError:
-            return False
+            await waiter
         finally:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(waiter)
@@ -1536,7 +1533,10 @@ async def progress_events(job: Job, ping_interval: float) -> AsyncIterator[tuple
         if snap["file_index"] and progress != last:
             last = progress
             yield "progress", progress
-        if not await job.wait_change(version, ping_interval):
+        try:
+            async with asyncio.timeout(ping_interval):
+                await job.wait_change(version)
+        except TimeoutError:
             yield "ping", None
 
 

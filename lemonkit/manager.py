@@ -27,6 +27,7 @@ import httpx
 
 from lemonkit import logs
 from lemonkit.backends.base import LoadSpec
+from lemonkit.backends.transport import connect
 from lemonkit.config import Settings
 from lemonkit.errors import LemonkitError, ModelLoadError, ModelLoadRefused, ModelNotFound, SlotsPinned
 from lemonkit.options import AUTO_CTX_SIZE, RECIPE_OPTIONS, ResolvedOptions, check_runnable, is_unset, resolve_options
@@ -390,10 +391,7 @@ class ModelManager:
             reason = (message.get("error") or {}).get("message") or " | ".join(stderr_tail)
             raise ModelLoadError(f"Failed to load {info.id}: {reason or 'the engine process exited'}")
         self._capture(process.stdout, info.id)  # after the ready line, stdout is engine chatter: keep draining it
-        transport = httpx.AsyncHTTPTransport(uds=socket_path)
-        client = httpx.AsyncClient(
-            transport=transport, base_url="http://sidecar", timeout=httpx.Timeout(None, connect=10.0)
-        )
+        client = connect(socket_path)
         model = LoadedModel(
             info=info,
             process=process,

@@ -49,7 +49,8 @@ async def _until(check: Callable[[], bool | Awaitable[bool]], what: str) -> None
 
 async def _until_progress(job: Job, received: int) -> None:
     while job.snapshot()["bytes_downloaded"] != received:
-        assert await job.wait_change(job.version, 30), "no progress"
+        async with asyncio.timeout(30):  # no progress: fail rather than hang
+            await job.wait_change(job.version)
 
 
 @pytest.mark.usefixtures("hf_online")

@@ -35,6 +35,7 @@ from lemonkit.errors import BackendError, LemonkitError
 __all__ = ["create_app", "main"]
 
 _END = object()
+_PING = object()
 
 
 def _error_response(exc: BaseException) -> JSONResponse:
@@ -120,21 +121,36 @@ def create_app(engine: Engine, *, ping_interval: float = 10.0) -> Starlette:
 
 
 async def _frames(stream: _Stream, first: Any, ping_interval: float) -> AsyncIterator[bytes]:
+    # One timer for the keep-alive pings, re-armed from the last delivery, rather than a timeout per token.
+    loop = asyncio.get_running_loop()
+    queue = stream.queue
+    last = loop.time()
+    timer: asyncio.TimerHandle
+
+    def ping() -> None:
+        nonlocal timer
+        quiet = loop.time() - last
+        if quiet >= ping_interval:
+            queue.put_nowait(_PING)
+            quiet = 0.0
+        timer = loop.call_later(ping_interval - quiet, ping)
+
+    timer = loop.call_later(ping_interval, ping)
     item = first
     try:
         while True:
             if item is None:
-                try:
-                    async with asyncio.timeout(ping_interval):
-                        item = await stream.queue.get()
-                except TimeoutError:
-                    yield b": ping\n\n"
-                    continue
+                item = await queue.get()
+                last = loop.time()
             if item is _END:
                 return
-            yield _sse_error(item) if isinstance(item, BaseException) else item
+            if item is _PING:
+                yield b": ping\n\n"
+            else:
+                yield _sse_error(item) if isinstance(item, BaseException) else item
             item = None
     finally:
+        timer.cancel()
         stream.cancel.set()  # the client went away (or we finished): stop the engine at its next token
 
 
