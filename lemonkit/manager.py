@@ -191,7 +191,7 @@ class ModelManager:
             SlotsPinned: Every loaded model of this type is pinned.
             ModelLoadError: The sidecar failed to start or to load the model.
         """
-        info = self.registry.get(name)
+        info = await asyncio.to_thread(self.registry.get, name)
         saved = await asyncio.to_thread(self.registry.saved_options, info.id)
         request = {k: v for k, v in (options or {}).items() if k in RECIPE_OPTIONS.get(info.recipe, ())}
         resolved = resolve_options(info, self.settings, saved, request).effective
@@ -235,7 +235,7 @@ class ModelManager:
         """Hold ``name`` loaded for the duration of one request, loading it on first use."""
         model = self._loaded.get(name)
         if model is None or model.process.returncode is not None:
-            await self._download(self.registry.get(name), as_load_error=True)
+            await self._download(await asyncio.to_thread(self.registry.get, name), as_load_error=True)
             options = {"ctx_size": ctx_size} if ctx_size is not None else None
             model = await self.load(name, options, reload=False)
         model.active += 1
@@ -271,7 +271,7 @@ class ModelManager:
         if name is None:
             victims = list(self._loaded.values())
         else:
-            info = self.registry.get(name)
+            info = await asyncio.to_thread(self.registry.get, name)
             model = self._loaded.get(info.id)
             if model is None:
                 raise ModelNotFound(f"Model not loaded: {name}")
