@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from lemonkit.config import DEFAULT_PORT
-from lemonkit.errors import LemonkitError, error_from_body
+from lemonkit.errors import InvalidArgument, LemonkitError, error_from_body
 
 __all__ = ["AsyncClient", "Client", "Event", "Server", "ServerUnavailable", "locate"]
 
@@ -294,8 +294,6 @@ def pull_body(
     Raises:
         InvalidArgument: ``owner/repo`` has no variant to pick.
     """
-    from lemonkit.errors import InvalidArgument
-
     flags = {k: v for k, v in (flags or {}).items() if v}
     body: dict[str, Any] = {"model_name": model, "stream": True}
     if checkpoint:
