@@ -6,7 +6,7 @@ built without a URL finds its server at the first request, taking the first of:
 1. ``LEMONKIT_URL`` (a host root such as ``http://127.0.0.1:13305``, a Jupyter server's
    ``http://host:8888/lemonkit``, or a full ``.../api/v1``), with ``LEMONKIT_TOKEN`` or ``LEMONADE_API_KEY``;
 2. the Jupyter server this kernel belongs to, with its token (JupyterHub's API token when it has none);
-3. a ``lemonkit serve`` on ``127.0.0.1:13305``;
+3. a ``lemonkit serve`` of this user on ``127.0.0.1:13305`` (on a shared machine, another user's is never used);
 4. an embedded standalone server started in the background on a free port, with a random key, that exits with
    this process (it watches its stdin).
 
@@ -108,7 +108,7 @@ def locate(*, start: bool = True) -> Server:
     if found is not None:
         return found
     local = Server(f"http://127.0.0.1:{DEFAULT_PORT}/api/v1", token, "standalone")
-    if _answers(local):
+    if _answers(local) and _listener_is_mine(DEFAULT_PORT):
         return local
     if not start:
         raise ServerUnavailable(
@@ -125,6 +125,27 @@ def _answers(server: Server) -> bool:
     except httpx.HTTPError:
         return False
     return response.status_code == 200
+
+
+def _listener_is_mine(port: int) -> bool:
+    """Whether the process listening on ``port`` is this user's: on a shared machine (JupyterHub) another user's
+    ``lemonkit serve`` on the default port must never receive this user's prompts."""
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:  # no user ids to compare (Windows)
+        return True
+    import psutil
+
+    uid = getuid()
+    for process in psutil.process_iter(["uids"]):
+        try:
+            if process.info["uids"] is None or process.info["uids"].real != uid:
+                continue
+            for conn in process.net_connections(kind="tcp"):
+                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                    return True
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return False
 
 
 # -- the Jupyter server of this kernel ----------------------------------------------------------------------------

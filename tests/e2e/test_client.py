@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from conftest import TINY, Host
+from conftest import API_KEY, TINY, Host, Standalone
 
 import lemonkit
 from lemonkit.client import AsyncClient, Client, ServerUnavailable, api_root
@@ -97,6 +97,43 @@ def test_an_unreachable_lemonkit_url_raises(monkeypatch: pytest.MonkeyPatch) -> 
     with Client() as client, pytest.raises(ServerUnavailable) as unreachable:
         client.models()
     assert "LEMONKIT_URL" in str(unreachable.value) and isinstance(unreachable.value, ConnectionError)
+
+
+# -- a running standalone server -----------------------------------------------------------------------------------
+
+
+def test_a_running_serve_of_this_user_is_found(monkeypatch: pytest.MonkeyPatch, standalone: Standalone) -> None:
+    import lemonkit.client
+
+    for name in ("LEMONKIT_URL", "LEMONKIT_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LEMONADE_API_KEY", API_KEY)
+    monkeypatch.setattr(lemonkit.client, "DEFAULT_PORT", standalone.port)
+    found = lemonkit.client.locate(start=False)
+    assert (found.kind, found.api) == ("standalone", standalone.root + "api/v1")
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to listen as another user")
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="needs a Python every user may run")
+def test_another_users_server_is_not_mine() -> None:
+    from lemonkit.client import _listener_is_mine
+
+    script = "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+    script += "print(s.getsockname()[1], flush=True); sys.stdin.read()"
+    other = subprocess.Popen(
+        ["/usr/bin/python3", "-c", script], user=65534, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/"
+    )
+    try:
+        assert other.stdout is not None
+        port = int(other.stdout.readline())  # listening as "nobody"
+        with socket.socket() as own:
+            own.bind(("127.0.0.1", 0))
+            own.listen()
+            assert _listener_is_mine(own.getsockname()[1])
+        assert not _listener_is_mine(port)
+    finally:
+        other.kill()
+        other.wait()
 
 
 # -- the embedded server ------------------------------------------------------------------------------------------
