@@ -224,7 +224,7 @@ def _embedded() -> Server:
         port = _announced_port(process)
         _embedded_process = process
         _embedded_server = Server(f"http://127.0.0.1:{port}/api/v1", key, "embedded")
-        atexit.register(_stop_embedded, process)
+        atexit.register(_stop_embedded, process, os.getpid())
         return _embedded_server
 
 
@@ -244,8 +244,11 @@ def _announced_port(process: subprocess.Popen[str]) -> int:
         ) from None
 
 
-def _stop_embedded(process: subprocess.Popen[str]) -> None:
-    """Close its stdin (it unloads its models and exits), then make sure it is gone."""
+def _stop_embedded(process: subprocess.Popen[str], owner: int | None = None) -> None:
+    """Close its stdin (it unloads its models and exits), then make sure it is gone; a forked child of the
+    owner leaves it alone."""
+    if owner is not None and os.getpid() != owner:
+        return
     if process.stdin is not None and not process.stdin.closed:
         process.stdin.close()
     try:
