@@ -1062,3 +1062,11 @@ async def test_python_pull(pull_standalone: tuple[Host, Path], module_hub: HubSe
         await asyncio.to_thread(pull, "user.nothing-here")
     with pytest.raises(lemonkit.ModelNotFound):
         await asyncio.to_thread(pull, "lemonkit/no-such-repo-GGUF")
+    # the async client streams the same events
+    other = fresh("lemonkit/py-async-") + "-GGUF"
+    module_hub.add_repo(other, repo_files)
+    async with lemonkit.AsyncClient(host.root, token=API_KEY) as client:
+        events = [event async for event in client.pull(f"{other}:Q4_K_M")]
+        assert events[-1].name == "complete" and {e.name for e in events[:-1]} == {"progress"}
+        assert events[-2].data["percent"] == 100
+        assert (await client.model("user." + other.split("/")[1]))["downloaded"]
