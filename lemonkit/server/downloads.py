@@ -10,7 +10,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from lemonkit.downloads import Job, progress_events
 from lemonkit.errors import (
@@ -24,15 +24,8 @@ from lemonkit.errors import (
 from lemonkit.registry import COLLECTION_OMNI, ModelInfo, _is_local, labels_with_flags
 from lemonkit.server.base import LemonkitHandler
 
-__all__ = [
-    "DeleteHandler",
-    "DownloadsControlHandler",
-    "DownloadsHandler",
-    "PullHandler",
-    "VariantsHandler",
-]
+__all__ = ["DeleteHandler", "DownloadsControlHandler", "DownloadsHandler", "PullHandler", "VariantsHandler"]
 
-T = TypeVar("T")
 _REGISTRATION_FIELDS = ("checkpoint", "recipe", "components")
 
 
