@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,10 +14,21 @@ class StallEngine:
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.gate = spec["model_path"]
+        self.cancelled = 0
 
     def chat(self, body: dict[str, Any], *, cancelled: Any) -> Iterator[dict[str, Any]] | dict[str, Any]:
         if body.get("messages") == "refuse":
             raise InvalidArgument("refused up front")
+        if body.get("messages") == "until-cancelled":  # a long non-streamed answer: says when it starts
+            with open(self.gate, "w") as gate:
+                gate.write("started\n")
+            deadline = time.monotonic() + 30
+            while not cancelled() and time.monotonic() < deadline:
+                time.sleep(0.005)  # an engine between two tokens
+            self.cancelled += bool(cancelled())
+            return {"cancelled": bool(cancelled())}
+        if body.get("messages") == "count-cancelled":
+            return {"cancelled": self.cancelled}
         return self._stream(body)
 
     def _stream(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -76,6 +77,22 @@ def test_error_before_streaming_keeps_its_status(sidecar: tuple[httpx.Client, Pa
     response = client.post("/v1/chat/completions", json={"messages": "refuse", "stream": True})
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_argument"
+
+
+def test_a_client_that_leaves_a_non_streamed_answer_stops_the_engine(sidecar: tuple[httpx.Client, Path]) -> None:
+    client, gate = sidecar
+    body = json.dumps({"messages": "until-cancelled"}).encode()
+    request = b"POST /v1/chat/completions HTTP/1.1\r\nHost: sidecar\r\nContent-Type: application/json\r\n"
+    request += b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    sock_path = str(gate.parent / "s.sock")
+    with socket.socket(socket.AF_UNIX) as leaving:
+        leaving.connect(sock_path)
+        leaving.sendall(request)
+        with open(gate) as cue:
+            assert cue.readline().strip() == "started"  # the engine is generating
+    # one worker, first come first served: this answer comes once the abandoned one has stopped
+    counted = client.post("/v1/chat/completions", json={"messages": "count-cancelled"})
+    assert counted.json() == {"cancelled": 1}
 
 
 def test_health(sidecar: tuple[httpx.Client, Path]) -> None:

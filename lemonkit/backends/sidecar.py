@@ -87,13 +87,17 @@ def create_app(engine: Engine, *, ping_interval: float = 10.0) -> Starlette:
         method = getattr(engine, method_name)
         loop = asyncio.get_running_loop()
         if not (streams and body.get("stream")):
+            gone = threading.Event()
+            watcher = asyncio.ensure_future(_until_disconnect(request, gone))
             try:
-                if streams:
-                    result = await loop.run_in_executor(executor, lambda: method(body, cancelled=lambda: False))
+                if streams:  # a client that leaves stops the engine at its next token here too
+                    result = await loop.run_in_executor(executor, lambda: method(body, cancelled=gone.is_set))
                 else:
                     result = await loop.run_in_executor(executor, method, body)
             except Exception as exc:
                 return _error_response(exc)
+            finally:
+                watcher.cancel()
             return JSONResponse(result)
 
         stream = _Stream(loop)
@@ -118,6 +122,13 @@ def create_app(engine: Engine, *, ping_interval: float = 10.0) -> Starlette:
     routes = [Route(path, run_route, methods=["POST"]) for path in ROUTES]
     routes += [Route("/health", health), Route("/stats", stats)]
     return Starlette(routes=routes)
+
+
+async def _until_disconnect(request: Request, gone: threading.Event) -> None:
+    """Set ``gone`` when the client hangs up (the body is read: the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
 
 
 async def _frames(stream: _Stream, first: Any, ping_interval: float) -> AsyncIterator[bytes]:
