@@ -87,6 +87,11 @@ def api_root(url: str) -> str:
     return url if re.search(r"/(api/)?v[01]$", url) else url + "/api/v1"
 
 
+def host_root(api: str) -> str:
+    """The mount point an API root hangs off (where ``/live`` is): ``api_root``'s inverse."""
+    return re.sub(r"/(api/)?v[01]$", "", api.rstrip("/"))
+
+
 def locate(*, start: bool = True) -> Server:
     """Find the server a client without a URL talks to (the module doc gives the order).
 
@@ -121,7 +126,7 @@ def locate(*, start: bool = True) -> Server:
 def _answers(server: Server) -> bool:
     """Whether a lemonkit server listens at ``server`` (``/live`` needs no credentials)."""
     try:
-        response = httpx.get(server.api.rsplit("/api/", 1)[0] + "/live", timeout=_PROBE_TIMEOUT)
+        response = httpx.get(host_root(server.api) + "/live", timeout=_PROBE_TIMEOUT)
     except httpx.HTTPError:
         return False
     return response.status_code == 200

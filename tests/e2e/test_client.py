@@ -19,7 +19,7 @@ import pytest
 from conftest import API_KEY, TINY, Host, Standalone
 
 import lemonkit
-from lemonkit.client import AsyncClient, Client, ServerUnavailable, api_root
+from lemonkit.client import AsyncClient, Client, ServerUnavailable, api_root, host_root
 
 
 def _chat(client: Client) -> str:
@@ -90,6 +90,17 @@ def test_api_root_spellings() -> None:
     assert api_root("http://h:8888/base/lemonkit/") == "http://h:8888/base/lemonkit/api/v1"
     assert api_root("http://h:1/v1") == "http://h:1/v1"
     assert api_root("http://h:1/api/v0/") == "http://h:1/api/v0"
+    for url in ("http://h:1/v1", "http://h:1/api/v1", "http://h:1", "http://h:1/v0/"):
+        assert host_root(api_root(url)) == "http://h:1"
+    assert host_root(api_root("http://h:8888/b/lemonkit")) == "http://h:8888/b/lemonkit"
+
+
+async def test_lemonkit_url_may_name_any_prefix(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEMONKIT_TOKEN", host.token or "")
+    for prefix in ("v1", "api/v0"):
+        monkeypatch.setenv("LEMONKIT_URL", host.root + prefix)
+        with Client() as client:
+            assert TINY in [m["id"] for m in await asyncio.to_thread(client.models)]
 
 
 def test_an_unreachable_lemonkit_url_raises(monkeypatch: pytest.MonkeyPatch) -> None:
