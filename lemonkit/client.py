@@ -265,7 +265,14 @@ def _result(response: httpx.Response) -> Any:
         except ValueError:
             body = None
         raise error_from_body(response.status_code, body, response.text)
-    return response.json()
+    try:
+        return response.json()
+    except ValueError:
+        raise LemonkitError(
+            f"{response.url} answered {response.status_code} with something that is not JSON: is it a lemonkit server?",
+            status=502,
+            code="invalid_response",
+        ) from None
 
 
 def _event(sse: ServerSentEvent) -> Event | None:

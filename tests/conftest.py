@@ -126,10 +126,12 @@ class Host:
 class Standalone:
     """``lemonkit serve`` in a subprocess, for as long as a fixture needs it."""
 
-    def __init__(self, env: dict[str, str] | None = None, python: str = sys.executable) -> None:
+    def __init__(
+        self, env: dict[str, str] | None = None, python: str = sys.executable, args: tuple[str, ...] = ()
+    ) -> None:
         self.env = {**os.environ, **(env or {})}
         self.process = subprocess.Popen(
-            [python, "-m", "lemonkit.cli", "serve", "--port", "0"],
+            [python, "-m", "lemonkit.cli", "serve", "--port", "0", *args],
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -138,7 +140,8 @@ class Standalone:
         self.port: int | None = None
         self.log: list[str] = []
         self._ready = threading.Event()
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
         if not self._ready.wait(60) or self.port is None:
             self.stop()
             raise RuntimeError("lemonkit serve did not start:\n" + "".join(self.log))
@@ -163,6 +166,7 @@ class Standalone:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+        self._drainer.join(10)  # every line it wrote is in self.log
 
 
 @pytest.fixture(scope="session")
