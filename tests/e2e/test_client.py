@@ -17,6 +17,7 @@ import httpx
 import psutil
 import pytest
 from conftest import API_KEY, TINY, Host, Standalone
+from jupyter_process import JupyterServer
 
 import lemonkit
 from lemonkit.client import AsyncClient, Client, ServerUnavailable, api_root, host_root
@@ -291,45 +292,16 @@ def test_cli_without_a_server_runs_its_own(tmp_path: Path) -> None:
 # -- the kernel's Jupyter server ----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_a_kernel_finds_its_jupyter_server(tmp_path: Path) -> None:
     from jupyter_client.blocking import BlockingKernelClient
 
-    config = tmp_path / "config"
-    config.mkdir()
-    (config / "jupyter_server_config.json").write_text(
-        json.dumps({"ServerApp": {"jpserver_extensions": {"lemonkit": True}}})
-    )
-    env = {**_clean_env(tmp_path / "runtime"), "JUPYTER_CONFIG_DIR": str(config)}
-    port, token = _free_port(), "kernel-test-token"
-    flags = ["--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.base_url=/b/"]
-    flags += [f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}"]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_server", *flags],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    server = JupyterServer(tmp_path, env=_clean_env(tmp_path / "runtime"))
     kernel_client = None
     try:
-        assert server.stderr is not None
-        log = []
-        for line in server.stderr:
-            log.append(line)
-            if "is running at" in line:
-                break
-        else:
-            pytest.fail("jupyter server did not start:\n" + "".join(log))
-        base = f"http://127.0.0.1:{port}/b/"
+        base, token = server.base, server.token
         headers = {"Authorization": f"token {token}"}
         kernel = httpx.post(base + "api/kernels", headers=headers, json={}, timeout=60).json()["id"]
-        kernel_client = BlockingKernelClient(connection_file=str(tmp_path / "runtime" / f"kernel-{kernel}.json"))
+        kernel_client = BlockingKernelClient(connection_file=str(server.runtime_dir / f"kernel-{kernel}.json"))
         kernel_client.load_connection_file()
         kernel_client.start_channels()
         kernel_client.wait_for_ready(timeout=60)
@@ -353,5 +325,4 @@ def test_a_kernel_finds_its_jupyter_server(tmp_path: Path) -> None:
     finally:
         if kernel_client is not None:
             kernel_client.stop_channels()
-        server.terminate()
-        server.wait(30)
+        server.stop()
