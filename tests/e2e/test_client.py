@@ -122,6 +122,7 @@ def test_a_running_serve_of_this_user_is_found(monkeypatch: pytest.MonkeyPatch, 
 
     for name in ("LEMONKIT_URL", "LEMONKIT_TOKEN", "LEMONADE_API_KEY"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", standalone.env["JUPYTER_RUNTIME_DIR"])  # where it keeps its record
     monkeypatch.setattr(lemonkit.client, "DEFAULT_PORT", standalone.port)
     found = lemonkit.client.locate(start=False)
     assert (found.kind, found.api, found.token) == ("standalone", standalone.root + "api/v1", API_KEY)  # its key
