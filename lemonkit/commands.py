@@ -99,7 +99,7 @@ def describe(exc: BaseException) -> str:
     elif isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
         text = f"the port is already in use ({exc}); pick another with --port"
     elif isinstance(exc, httpx.HTTPError):
-        text = f"the server could not be reached: {exc}"
+        text = f"HTTP failure ({type(exc).__name__}: {exc})"
     elif isinstance(exc, (OSError, ValueError)):
         text = str(exc)
     else:
