@@ -21,7 +21,8 @@ from lemonkit.errors import (
     MissingArgument,
     ModelNotFound,
 )
-from lemonkit.registry import COLLECTION_OMNI, ModelInfo, _is_local, labels_with_flags
+from lemonkit.hf_cache import is_local
+from lemonkit.model_info import COLLECTION_OMNI, ModelInfo, labels_with_flags
 from lemonkit.server.base import LemonkitHandler
 
 __all__ = ["DeleteHandler", "DownloadsControlHandler", "DownloadsHandler", "PullHandler", "VariantsHandler"]
@@ -99,7 +100,7 @@ class PullHandler(LemonkitHandler):
 
     def _check_local(self, field: str, checkpoint: str) -> None:
         """A request may name a server-local file only inside a directory the operator allowed."""
-        if not _is_local(checkpoint):
+        if not is_local(checkpoint):
             return
         path = Path(checkpoint.partition(":")[0]).expanduser().resolve()
         if not any(
