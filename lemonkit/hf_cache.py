@@ -39,6 +39,7 @@ __all__ = [
     "hub_hash",
     "inside",
     "is_local",
+    "local_path",
     "parse_checkpoint",
     "read_json_object",
     "safe_relpath",
@@ -183,6 +184,11 @@ def parse_checkpoint(checkpoint: str) -> tuple[str, str | None]:
 def is_local(checkpoint: str) -> bool:
     """Whether a checkpoint is a server-local path (absolute or ``~``) rather than a hub repo."""
     return os.path.isabs(checkpoint) or checkpoint.startswith("~")
+
+
+def local_path(checkpoint: str) -> Path:
+    """The file a local checkpoint names (``~`` expanded; not resolved)."""
+    return Path(checkpoint).expanduser()
 
 
 def is_file_like(variant: str) -> bool:
@@ -397,7 +403,7 @@ class HubCache:
     def locate(self, recipe: str, checkpoint: str) -> Path | None:
         """The local path of one checkpoint when its bytes are complete, else ``None``."""
         if is_local(checkpoint):
-            path = Path(checkpoint).expanduser()
+            path = local_path(checkpoint)
             return path if path.exists() else None
         repo, variant = parse_checkpoint(checkpoint)
         for snapshot in self.snapshots(repo):

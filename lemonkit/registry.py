@@ -34,6 +34,7 @@ from lemonkit.hf_cache import (
     atomic_write_json,
     default_hf_cache,
     is_local,
+    local_path,
     parse_checkpoint,
     read_json_object,
     shards,
@@ -334,7 +335,7 @@ class Registry:
                 found = self.bundled.path(info.bundled)
                 paths = [found or self.bundled.target(info.bundled)]
             elif is_local(checkpoint):
-                found = Path(checkpoint).expanduser()
+                found = local_path(checkpoint)
                 paths = [found]
             else:
                 found = self.cache.locate(info.recipe, checkpoint)

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from lemonkit.config import Settings
@@ -32,7 +31,7 @@ from lemonkit.errors import (
     ModelNotFound,
     NotFound,
 )
-from lemonkit.hf_cache import checkpoint_files, is_local, parse_checkpoint
+from lemonkit.hf_cache import checkpoint_files, is_local, local_path, parse_checkpoint
 from lemonkit.model_info import COLLECTION_OMNI, ModelInfo
 from lemonkit.registry import Registry
 
@@ -392,7 +391,7 @@ class DownloadManager:
             return
         for role, checkpoint in info.checkpoints.items():
             if is_local(checkpoint):
-                if not Path(checkpoint).expanduser().exists():
+                if not local_path(checkpoint).exists():
                     raise ModelNotFound(f"{info.id}: the local file {checkpoint} does not exist")
                 continue
             repo, variant = parse_checkpoint(checkpoint)
