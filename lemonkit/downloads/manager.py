@@ -31,7 +31,7 @@ from lemonkit.errors import (
     ModelNotFound,
     NotFound,
 )
-from lemonkit.hf_cache import checkpoint_files, is_local, local_path, parse_checkpoint
+from lemonkit.hf_cache import check_repo_id, checkpoint_files, is_local, local_path, parse_checkpoint
 from lemonkit.model_info import COLLECTION_OMNI, ModelInfo
 from lemonkit.registry import Registry
 
@@ -449,7 +449,11 @@ class DownloadManager:
     def variants(self, checkpoint: str) -> dict[str, Any]:
         """``GET /v1/pull/variants`` (network: run it in a thread)."""
         repo = parse_checkpoint(checkpoint)[0]
-        if "/" not in repo.strip("/"):
+        try:
+            check_repo_id(repo, what="checkpoint")
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if "/" not in repo:
             raise InvalidArgument(f"checkpoint: expected 'owner/repo', got {checkpoint!r}")
         return list_variants(checkpoint, self.hub.listing(repo))
 

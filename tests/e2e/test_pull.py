@@ -617,6 +617,8 @@ async def test_variants(env: Env) -> None:
 
         assert_error(await client.get("pull/variants"), 400, "missing_argument")
         assert_error(await client.get("pull/variants", params={"checkpoint": "no-owner"}), 400, "invalid_argument")
+        for bad in ("../../x", "lemonkit/..", "o/%2e%2e", "o/r\\x"):
+            assert_error(await client.get("pull/variants", params={"checkpoint": bad}), 400, "invalid_argument")
         assert_error(await client.get("pull/variants", params={"checkpoint": "lemonkit/none"}), 404, "model_not_found")
         env.hub.fail(500, times=10)
         assert_error(await client.get("pull/variants", params={"checkpoint": repo}), 500, "hub_error")
