@@ -35,6 +35,9 @@ Catalog / ``user_models.json`` row schema (every key optional unless noted)::
             "sha256": "..."           # informational; the package's assemble() checks it
         }
     }
+
+Every checkpoint is checked before anything builds a path from it (:func:`lemonkit.hf_cache.check_checkpoint`): a
+variant or mmproj with ``..``, a leading ``/``, a backslash or NUL (even percent-encoded) makes the row invalid.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Three layers, read in order:
 
 1. The built-in catalog, ``lemonkit/data/server_models.json`` (package data).
 2. ``user_models.json`` in the cache dir: models registered through ``/v1/pull``. Keys carry no
-   prefix on disk; their ids are ``user.<key>``. A stored entry that breaks the label rules is
-   skipped with an error naming it, and the file is left alone for the user to correct.
+   prefix on disk; their ids are ``user.<key>``. A stored entry that breaks the row rules (labels,
+   names that would leave the cache) is skipped with an error naming it, and the file is left alone
+   for the user to correct.
 3. ``recipe_options.json`` in the cache dir: per-model saved load options (``{model_id: {...}}``).
 
 Weights live in the Hugging Face cache (``HF_HUB_CACHE``), shared with other tools, or ship inside
