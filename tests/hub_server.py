@@ -8,6 +8,8 @@ listing (``/api/models/{repo}/tree/{rev}[/{path}]``, ``?recursive=true``) and ``
 
 Faults a test can inject: a throttle (bytes/s), a hold (stop sending a file at byte N until released: the test
 then knows exactly what the client has), a dropped connection after N bytes of a response, and a required token.
+A hostile hub is a repo whose file names are anything (``../x.gguf``: the listing serves them as given) or whose
+files all answer with one forged ETag (``add_repo(..., etag="../../y")``).
 Every response is logged with the Range it answered and the body bytes it sent.
 
 In-process: ``with HubServer() as hub: ...``. As a subprocess (benchmarks): ``python tests/hub_server.py --repo
@@ -64,6 +66,7 @@ class _Repo:
     main: str = ""
     token: str | None = None
     cdn: bool = False
+    etag: str | None = None
 
 
 @dataclass
@@ -181,6 +184,7 @@ class HubServer:
         token: str | None = None,
         cdn: bool = False,
         lfs: bool | None = None,
+        etag: str | None = None,
     ) -> str:
         """Create (or replace) a repo with one commit; returns the commit sha.
 
@@ -190,8 +194,9 @@ class HubServer:
             token: Requests must send ``Authorization: Bearer <token>`` (a gated repo).
             cdn: LFS files resolve with a 302 to the CDN host, as huggingface.co does.
             lfs: Force LFS on or off for every file (default: ``.gguf`` and files over 1 MiB are LFS).
+            etag: Send this ETag (and ``X-Linked-Etag``) for every file instead of its hash: a hostile hub.
         """
-        repo = _Repo(id=repo_id, token=token, cdn=cdn)
+        repo = _Repo(id=repo_id, token=token, cdn=cdn, etag=etag)
         with self._lock:
             self._repos[repo_id] = repo
         return self.commit(repo_id, files, lfs=lfs)
@@ -492,9 +497,9 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             if f is None:
                 self._error(404, "EntryNotFound", f"{name} does not exist", {"X-Repo-Commit": sha})
                 return
-            headers = {"X-Repo-Commit": sha, "ETag": f'"{f.etag}"', "Accept-Ranges": "bytes"}
+            headers = {"X-Repo-Commit": sha, "ETag": f'"{repo.etag or f.etag}"', "Accept-Ranges": "bytes"}
             if f.lfs:
-                headers.update({"X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(f.size)})
+                headers.update({"X-Linked-Etag": f'"{repo.etag or f.sha256}"', "X-Linked-Size": str(f.size)})
             if f.lfs and repo.cdn:
                 headers["Location"] = f"{hub.cdn_url}/_cdn/{repo.id}/{sha}/{quote(f.path)}"
                 self._send(302, b"", headers)

@@ -128,3 +128,18 @@ def test_drop_hold_and_throttle(hub: HubServer, files: dict[str, Path], tmp_path
     hub.throttle = 200_000
     assert httpx.get(url, headers={"Range": "bytes=0-99999"}).content == data[:100_000]
     hub.throttle = None
+
+
+def test_a_hostile_repo_lists_any_name_and_forges_etags(hub: HubServer) -> None:
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    hub.add_repo("evil/names", {"../x.gguf": b"GGUF-x", "a/../../x": b"GGUF-a"})
+    info = HfApi(endpoint=hub.url).model_info("evil/names", files_metadata=True)
+    assert {s.rfilename for s in info.siblings or []} == {"../x.gguf", "a/../../x"}
+
+    hub.add_repo("evil/etag", {"m.gguf": b"GGUF-m"}, etag="../../y")
+    meta = get_hf_file_metadata(hf_hub_url("evil/etag", "m.gguf", endpoint=hub.url))
+    assert meta.etag == "../../y"
+    hub.add_repo("honest/etag", {"m.gguf": b"GGUF-m"})
+    meta = get_hf_file_metadata(hf_hub_url("honest/etag", "m.gguf", endpoint=hub.url))
+    assert meta.etag == hub.file("honest/etag", "m.gguf").sha256

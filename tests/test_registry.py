@@ -12,17 +12,13 @@ from typing import Any
 import gguf
 import pytest
 
+from lemonkit import hf_cache as hf_cache_module
 from lemonkit import registry as registry_module
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotFound
-from lemonkit.registry import (
-    ModelInfo,
-    Registry,
-    labels_with_flags,
-    normalize_labels,
-    read_gguf_context_length,
-    select_gguf_files,
-    validate_labels,
-)
+from lemonkit.gguf_header import read_gguf_context_length
+from lemonkit.hf_cache import checkpoint_files, select_gguf_files
+from lemonkit.model_info import ModelInfo, labels_with_flags, normalize_labels, validate_labels
+from lemonkit.registry import Registry
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -595,7 +591,7 @@ def test_save_options_atomic_and_reloaded(cache: Path, hf_cache: Path, monkeypat
     def broken_replace(src: str, dst: str) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(registry_module.os, "replace", broken_replace)
+    monkeypatch.setattr(hf_cache_module.os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
         reg.save_options("Qwen3-0.6B-GGUF", {"ctx_size": 1})
     monkeypatch.undo()
@@ -786,8 +782,6 @@ def test_update_check_hook_only_for_downloaded_models(reg: Registry, hf_cache: P
 
 
 def test_checkpoint_files() -> None:
-    from lemonkit.registry import checkpoint_files
-
     names = [
         "m-Q4_K_M.gguf",
         "Q8_0/m-Q8_0-00001-of-00002.gguf",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from lemonkit.downloads import Job, progress_events
@@ -21,7 +20,8 @@ from lemonkit.errors import (
     MissingArgument,
     ModelNotFound,
 )
-from lemonkit.registry import COLLECTION_OMNI, ModelInfo, _is_local, labels_with_flags
+from lemonkit.hf_cache import is_local, local_path
+from lemonkit.model_info import COLLECTION_OMNI, ModelInfo, labels_with_flags
 from lemonkit.server.base import LemonkitHandler
 
 __all__ = ["DeleteHandler", "DownloadsControlHandler", "DownloadsHandler", "PullHandler", "VariantsHandler"]
@@ -88,23 +88,24 @@ class PullHandler(LemonkitHandler):
             row["checkpoint"] = body["checkpoint"]
             if body.get("mmproj"):
                 row["mmproj"] = body["mmproj"]
-        for field in ("checkpoint", "mmproj"):
-            if isinstance(row.get(field), str):
-                self._check_local(field, row[field])
         flags = {k: bool(body.get(k)) for k in ("reasoning", "vision", "embedding", "reranking")}
         labels = labels_with_flags(body.get("labels") or [], **flags)
         if labels:
             row["labels"] = labels
-        return registry.preview(name, row), row
+        info = registry.preview(name, row)  # every name checked: nothing leaves the cache
+        for role, checkpoint in info.checkpoints.items():
+            self._check_local(role, checkpoint)
+        return info, row
 
-    def _check_local(self, field: str, checkpoint: str) -> None:
-        """A request may name a server-local file only inside a directory the operator allowed."""
-        if not _is_local(checkpoint):
+    def _check_local(self, role: str, checkpoint: str) -> None:
+        """A request may name a server-local file only inside a directory the operator allowed (symlinks followed)."""
+        if not is_local(checkpoint):
             return
-        path = Path(checkpoint.partition(":")[0]).expanduser().resolve()
+        path = local_path(checkpoint).resolve()
         if not any(
             path.is_relative_to(allowed.expanduser().resolve()) for allowed in self.service.settings.allowed_dirs
         ):
+            field = "checkpoint" if role == "main" else role
             raise InvalidArgument(f"{field}: {checkpoint!r} is a server-local path outside the directories allowed")
 
     async def _frames(self, job: Job) -> AsyncIterator[bytes]:

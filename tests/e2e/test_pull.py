@@ -40,14 +40,15 @@ def fresh(prefix: str) -> str:
     return f"{prefix}{os.getpid() % 1000}-{next(_ids)}"
 
 
-def env_for(hub: HubServer, root: Path) -> dict[str, str]:
+def env_for(hub: HubServer | str, root: Path) -> dict[str, str]:
     return {
-        "HF_ENDPOINT": hub.url,
+        "HF_ENDPOINT": hub if isinstance(hub, str) else hub.url,
         "HF_HUB_OFFLINE": "0",
         "HF_TOKEN": TOKEN,
         "LEMONADE_CACHE_DIR": str(root / "cache"),
         "HF_HUB_CACHE": str(root / "hub"),
         "LEMONKIT_UPDATE_CHECK_INTERVAL": "0",
+        "LEMONKIT_ALLOWED_DIRS": str(root / "allowed"),
     }
 
 
@@ -616,6 +617,8 @@ async def test_variants(env: Env) -> None:
 
         assert_error(await client.get("pull/variants"), 400, "missing_argument")
         assert_error(await client.get("pull/variants", params={"checkpoint": "no-owner"}), 400, "invalid_argument")
+        for bad in ("../../x", "lemonkit/..", "o/%2e%2e", "o/r\\x"):
+            assert_error(await client.get("pull/variants", params={"checkpoint": bad}), 400, "invalid_argument")
         assert_error(await client.get("pull/variants", params={"checkpoint": "lemonkit/none"}), 404, "model_not_found")
         env.hub.fail(500, times=10)
         assert_error(await client.get("pull/variants", params={"checkpoint": repo}), 500, "hub_error")
@@ -987,6 +990,184 @@ async def test_a_registration_stopped_before_its_row_was_saved_resumes(
         server.stop()
     rows = json.loads((tmp_path / "cache" / "user_models.json").read_text())
     assert rows[name.removeprefix("user.")] == row
+
+
+# -- names never escape ----------------------------------------------------------------------------------------
+
+ESCAPE_REPO = "lemonkit/escape-GGUF"
+SECRET = "secret.gguf"
+UP = "../../../../"  # from a snapshot of ESCAPE_REPO to the host's root, where SECRET is
+UNREACHABLE = "http://127.0.0.1:9"
+
+
+def plant(root: Path, files: dict[str, Path]) -> None:
+    """A cached snapshot of ESCAPE_REPO, a file outside the cache a bad name could reach, and an allowed dir."""
+    snapshot = root / "hub" / f"models--{ESCAPE_REPO.replace('/', '--')}" / "snapshots" / ("e" * 40)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    if not (snapshot / PLAIN).exists():
+        (snapshot / PLAIN).write_bytes(files[PLAIN].read_bytes())
+        (root / SECRET).write_bytes(files[PLAIN].read_bytes())  # a loadable model: an escape would load it
+        (root / "allowed").mkdir()
+        (root / "allowed" / "ok.gguf").write_bytes(files[PLAIN].read_bytes())
+        (root / "allowed" / "link.gguf").symlink_to(root / SECRET)
+        (root / "allowed" / "up").symlink_to(root)
+
+
+def bad_registrations(root: Path) -> list[dict[str, Any]]:
+    """Pull bodies whose checkpoint or mmproj names a file outside the cache (or outside the allowed dir)."""
+    repo, back = ESCAPE_REPO, "..\\" * 4
+    checkpoints = [
+        f"{repo}:{UP}{SECRET}",
+        f"{repo}:{'%2e%2e/' * 4}{SECRET}",
+        f"{repo}:{'%2E%2E%2F' * 4}{SECRET}",
+        f"{repo}:{back}{SECRET}",
+        f"{repo}:{SECRET}\0",
+        f"{repo}:Q4_K_M/\0",
+        f"{repo}:/etc/passwd",
+        f"{repo}:{root / SECRET}",
+        f"{repo}:a//{SECRET}",
+        f"lemonkit/..:{SECRET}",
+        f"../../{SECRET}",
+        str(root / SECRET),
+        f"{root}/allowed/../{SECRET}",
+        str(root / "allowed" / "link.gguf"),
+        f"{root}/allowed/up/{SECRET}",
+        f"{root}/allowed/ok.gguf\0",
+    ]
+    mmprojs = [
+        f"{UP}{SECRET}",
+        f"{'%2e%2e/' * 4}{SECRET}",
+        f"{back}{SECRET}",
+        "mmproj\0.gguf",
+        f"{repo}:{UP}{SECRET}",
+        str(root / SECRET),
+        str(root / "allowed" / "link.gguf"),
+    ]
+    bodies = [{"checkpoint": c} for c in checkpoints]
+    bodies += [{"checkpoint": f"{repo}:Q4_K_M", "mmproj": m} for m in mmprojs]
+    return [{"model_name": fresh("user.escape-"), "recipe": "llamacpp", **body} for body in bodies]
+
+
+async def assert_refused_and_nothing_registered(host: Host, root: Path) -> None:
+    user_models = root / "cache" / "user_models.json"
+    before = user_models.read_bytes() if user_models.exists() else None
+    secret = (root / SECRET).read_bytes()
+    async with host.client() as client:
+        for body in bad_registrations(root):
+            for stream in ({}, {"stream": True}, {"stream": True, "subscribe": False}):
+                response = await client.post("pull", json={**body, **stream})
+                error = assert_error(response, 400, "invalid_argument")
+                assert "checkpoint" in error["message"] or "mmproj" in error["message"], error
+            assert_error(await client.get(f"models/{body['model_name']}"), 404, "model_not_found")
+            assert_error(await client.get(f"models/{body['model_name']}/files"), 404, "model_not_found")
+            assert await job_of(client, body["model_name"]) is None
+        listed = {m["id"] for m in (await client.get("models", params={"show_all": "true"})).json()["data"]}
+        assert not any(name.startswith("user.escape-") for name in listed)
+    assert (user_models.read_bytes() if user_models.exists() else None) == before
+    assert (root / SECRET).read_bytes() == secret
+
+
+async def test_names_that_escape_are_refused_before_the_hub(env: Env) -> None:
+    plant(env.root, env.files)
+    asked = len(env.hub.log)
+    await assert_refused_and_nothing_registered(env.host, env.root)
+    assert not [s.path for s in env.hub.log[asked:] if "escape" in s.path]  # refused before any request
+
+
+@pytest.fixture(scope="module")
+def unreachable_standalone(
+    tmp_path_factory: pytest.TempPathFactory, repo_files: dict[str, Path]
+) -> Iterator[tuple[Host, Path]]:
+    root = tmp_path_factory.mktemp("unreachable")
+    plant(root, repo_files)
+    server = Standalone({**env_for(UNREACHABLE, root), "LEMONADE_API_KEY": API_KEY})
+    yield Host("standalone", server.root, API_KEY), root
+    server.stop()
+
+
+@pytest.fixture(params=["jupyter", "standalone"])
+def unreachable(
+    request: pytest.FixtureRequest, repo_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> tuple[Host, Path]:
+    """A host whose HF_ENDPOINT answers nothing (connection refused)."""
+    if request.param == "standalone":
+        return request.getfixturevalue("unreachable_standalone")
+    from huggingface_hub import constants
+
+    for key, value in env_for(UNREACHABLE, tmp_path).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    plant(tmp_path, repo_files)
+    return request.getfixturevalue("jupyter_host"), tmp_path
+
+
+async def test_names_that_escape_are_refused_with_the_hub_unreachable(unreachable: tuple[Host, Path]) -> None:
+    host, root = unreachable
+    await assert_refused_and_nothing_registered(host, root)
+    async with host.client() as client:  # the hub is unreachable indeed: a good name fails to download
+        good = {"model_name": fresh("user.unreached-"), "checkpoint": "lemonkit/elsewhere-GGUF", "recipe": "llamacpp"}
+        assert_error(await client.post("pull", json=good), 502, "download_error")
+        # and a model already in the cache installs without it
+        cached = {"model_name": fresh("user.cached-"), "checkpoint": f"{ESCAPE_REPO}:Q4_K_M", "recipe": "llamacpp"}
+        assert (await client.post("pull", json=cached)).json()["status"] == "success"
+
+
+async def test_server_local_files_only_inside_the_allowed_dir(env: Env) -> None:
+    plant(env.root, env.files)
+    allowed = env.root / "allowed"
+    name = fresh("user.local-")
+    async with env.client() as client:
+        body = {"model_name": name, "checkpoint": str(allowed / "ok.gguf"), "recipe": "llamacpp"}
+        assert (await client.post("pull", json=body)).json()["status"] == "success"
+        obj = await model(client, name)
+        assert obj["downloaded"] and obj["source"] == "local_path"
+        [entry] = (await client.get(f"models/{name}/files", params={"include_paths": "true"})).json()["files"]
+        assert entry["path"] == str(allowed / "ok.gguf") and entry["exists"]
+        # a symlink inside the allowed dir that leads out of it is refused (one case of the table above)
+        link = {"model_name": fresh("user.local-"), "checkpoint": str(allowed / "link.gguf"), "recipe": "llamacpp"}
+        assert "outside" in assert_error(await client.post("pull", json=link), 400, "invalid_argument")["message"]
+
+
+def tree(base: Path) -> set[Path]:
+    return set(base.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    ("names", "etag"),
+    [
+        (["../x-Q4_K_M.gguf"], None),
+        (["a/../../x-Q4_K_M.gguf"], None),
+        ([f"{UP}x-Q4_K_M.gguf", PLAIN], None),
+        ([PLAIN], "../../y"),
+        ([PLAIN], f"{UP}../y"),
+    ],
+    ids=["dotdot", "inner-dotdot", "deep-dotdot", "etag", "deep-etag"],
+)
+async def test_a_hostile_hub_writes_nothing_outside_the_cache(
+    env: Env, tmp_path_factory: pytest.TempPathFactory, names: list[str], etag: str | None
+) -> None:
+    repo = fresh("evil/hub-") + "-GGUF"
+    env.hub.add_repo(repo, {n: env.files[PLAIN] for n in names}, etag=etag)
+    name = fresh("user.hostile-")
+    base = tmp_path_factory.getbasetemp()
+    before = tree(base)
+    async with env.client() as client:
+        body = {"model_name": name, **registration(repo)}
+        error = assert_error(await client.post("pull", json=body), 502, "download_error")
+        assert "ETag" in error["message"] if etag else "listing" in error["message"], error
+        if etag:  # the listing was sound: the model was registered, and a streamed pull ends in an error event
+            async with client.stream("POST", "pull", json={"model_name": name, "stream": True}) as response:
+                assert response.status_code == 200
+                events = await sse(response)
+            assert events[-1][0] == "error" and events[-1][1]["code"] == "download_error", events
+            assert not (await model(client, name))["downloaded"]
+        else:  # refused with the listing: registered nothing
+            assert_error(await client.get(f"models/{name}"), 404, "model_not_found")
+    new = tree(base) - before
+    storage, locks, state = env.storage(repo), env.hf_cache / ".locks", env.root / "cache"
+    assert all(p.is_relative_to(storage) or p.is_relative_to(locks) or p.is_relative_to(state) for p in new), new
+    assert not [p for p in new if p.name.startswith(("x-Q4_K_M", "y"))], new
+    assert not (storage / "snapshots").exists()  # nothing was linked
 
 
 # -- offline (the session's hosts) -------------------------------------------------------------------------------
