@@ -19,6 +19,7 @@ import pytest
 from conftest import API_KEY, Host, Standalone
 from hub_server import HubServer, tiny_gguf_repo
 from lemonade_reference import lemonade_catalog
+from test_pull import env_for
 
 #: Lemonade names this machine cannot run (no NPU, no engine, another registry, a registry-backed collection)
 UNSUPPORTED = {
@@ -151,16 +152,6 @@ def lemonade_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer
         yield hub
 
 
-def _hub_env(hub: HubServer, root: Path) -> dict[str, str]:
-    return {
-        "HF_ENDPOINT": hub.url,
-        "HF_HUB_OFFLINE": "0",
-        "LEMONADE_CACHE_DIR": str(root / "cache"),
-        "HF_HUB_CACHE": str(root / "hub"),
-        "LEMONKIT_UPDATE_CHECK_INTERVAL": "0",
-    }
-
-
 @dataclass
 class HubHost:
     host: Host
@@ -170,7 +161,7 @@ class HubHost:
 @pytest.fixture(scope="module")
 def hub_standalone(lemonade_hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubHost]:
     root = tmp_path_factory.mktemp("standalone")
-    server = Standalone({**_hub_env(lemonade_hub, root), "LEMONADE_API_KEY": API_KEY})
+    server = Standalone({**env_for(lemonade_hub, root), "LEMONADE_API_KEY": API_KEY})
     yield HubHost(Host("standalone", server.root, API_KEY), root / "hub")
     server.stop()
 
@@ -187,7 +178,7 @@ def hub_host(
         return
     from huggingface_hub import constants
 
-    for key, value in _hub_env(lemonade_hub, tmp_path).items():
+    for key, value in env_for(lemonade_hub, tmp_path).items():
         monkeypatch.setenv(key, value)  # read when the extension makes its settings and registry
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     yield HubHost(request.getfixturevalue("jupyter_host"), tmp_path / "hub")
