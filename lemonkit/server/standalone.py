@@ -87,7 +87,7 @@ async def serve(
     server = make_app(service).listen(port, address=host)
     bound = next(iter(server._sockets.values())).getsockname()[1]
     if preload:
-        await service.manager.load(preload)
+        await service.manager.load((await service.usable(preload)).id)
     log.info("lemonkit serving on http://%s:%s/api/v1", host, bound)
     if ready is not None:
         ready(bound)

@@ -8,6 +8,9 @@ names Lemonade's rows name.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,3 +230,17 @@ async def test_unsupported_model_on_disk_is_listed_only_with_show_all(hub_host: 
         assert every["Whisper-Tiny"]["downloaded"] is True and every["Whisper-Tiny"]["supported"] is False
         assert "Whisper-Tiny" not in by_id(await client.get("models"))
         assert_error(await client.post("load", json={"model_name": "Whisper-Tiny"}), 404, "model_not_supported")
+
+
+def test_serve_refuses_to_preload_an_unsupported_model(tmp_path: Path) -> None:
+    env = {**os.environ, "LEMONADE_CACHE_DIR": str(tmp_path / "cache"), "LEMONADE_API_KEY": API_KEY}
+    result = subprocess.run(
+        [sys.executable, "-m", "lemonkit.cli", "serve", "--port", "0", "--load", "Whisper-Tiny"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode != 0 and "lemonkit serving on" not in result.stderr
+    assert f"Model 'Whisper-Tiny' is not supported on this machine: {UNSUPPORTED['Whisper-Tiny']}" in result.stderr
