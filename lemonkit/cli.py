@@ -1,9 +1,12 @@
 """The ``lemonkit`` command.
 
 - ``lemonkit serve [--host H] [--port P] [--load MODEL]``: the standalone server.
-- ``lemonkit run [MODEL]``: serve, load the model (the bundled default offline), continue one prompt, keep serving.
+- ``lemonkit run [MODEL]``: serve, load the model (the bundled default offline), answer one question, keep serving.
 - ``lemonkit pull|list|delete|load|unload|variants``: manage models on a running server (``LEMONKIT_URL``);
   see :mod:`lemonkit.commands`.
+
+Errors reach a person as one line on stderr and exit status 2, never as a traceback (``--log-level debug`` logs
+the traceback of an unexpected one).
 """
 
 from __future__ import annotations
@@ -12,13 +15,36 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import signal
 import sys
 import threading
+from pathlib import Path
+from typing import Any
 
 from lemonkit import commands
 from lemonkit.config import DEFAULT_MODEL, DEFAULT_PORT, Settings
 
-__all__ = ["main"]
+__all__ = ["DEMO_QUESTION", "demo_body", "main"]
+
+log = logging.getLogger("lemonkit.cli")
+
+DEMO_QUESTION = "Why is the sky blue?"
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+def demo_body(model: str, question: str) -> dict[str, Any]:
+    """The text completion ``lemonkit run`` streams: a base model (no chat template) answers a question framed as
+    a Q/A transcript, and ends at the end of its answer line instead of running on to ``max_tokens``."""
+    return {
+        "model": model,
+        "prompt": f"Question: {question}\nAnswer:",
+        "stop": ["\n", "Question:"],
+        "repeat_penalty": 1.1,  # a small model repeats its sentence otherwise
+        "max_tokens": 64,
+        "temperature": 0,
+        "stream": True,
+    }
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,80 +52,123 @@ def _parser() -> argparse.ArgumentParser:
         prog="lemonkit", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (("serve", "serve the API"), ("run", "serve, load a model and chat with it once")):
+    for name, help_text in (("serve", "serve the API"), ("run", "serve, load a model and ask it one question")):
         cmd = sub.add_parser(name, help=help_text)
         cmd.add_argument("--host", default="127.0.0.1")
         cmd.add_argument("--port", type=int, default=DEFAULT_PORT)
-        cmd.add_argument("--log-level", default="info")
+        cmd.add_argument(
+            "--log-level",
+            choices=_LEVELS,
+            type=str.lower,
+            help="lemonkit logs at info by default and libraries (httpx, tornado, uvicorn) at warning; "
+            "a level given here applies to both",
+        )
     serve = sub.choices["serve"]
     serve.add_argument("--load", metavar="MODEL", help="load this model before serving")
     # lemonkit.client's embedded server: announces its port on stdout, exits when its stdin closes
     serve.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     run = sub.choices["run"]
     run.add_argument("model", nargs="?", default=DEFAULT_MODEL)
-    run.add_argument("--prompt", default="The three primary colors are red,")
+    run.add_argument("--prompt", default=DEMO_QUESTION, help="the question to ask")
     commands.add_parsers(sub)
     return parser
 
 
-def _demo(port: int, model: str, prompt: str) -> None:
-    """Continue ``prompt`` through the running server's OpenAI route, streaming the text as it comes.
+def _configure_logging(level: str | None, path: Path | None = None) -> None:
+    """lemonkit at ``level`` (info by default), every other logger at warning unless ``level`` was given;
+    to ``path`` or stderr, so nothing lands in what a command prints on stdout."""
+    handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=(level or "warning").upper(), handlers=[handler], force=True)
+    logging.getLogger("lemonkit").setLevel((level or "info").upper())  # explicit: the log stream keeps this level
 
-    A text completion, not a chat: the embedded default is a base model.
-    """
-    import httpx
 
-    api = f"http://127.0.0.1:{port}/api/v1"
-    body = {"model": model, "prompt": prompt, "stream": True, "max_tokens": 40, "temperature": 0}
-    print(f"\n{prompt}", end="", flush=True)
-    with httpx.stream("POST", f"{api}/completions", json=body, timeout=None) as response:
-        for line in response.iter_lines():
-            if line.startswith("data: {"):
-                choices = json.loads(line[6:]).get("choices") or [{}]
-                print(choices[0].get("text") or "", end="", flush=True)
-    stats = httpx.get(f"{api}/stats").json()
-    print(f"\n\n[{stats['output_tokens']} tokens at {stats['tokens_per_second']:.1f} tok/s]")
-    print(f"Serving {model} at {api} (OpenAI-compatible). Ctrl-C stops.", flush=True)
+class _Demo:
+    """Answers one question through the running server, streaming the text to stdout, in a thread beside the
+    server; a failure stops the server (as Ctrl-C would) and is kept for :func:`main` to report."""
+
+    def __init__(self, model: str, question: str, key: str | None, host: str) -> None:
+        self.model, self.question, self.key, self.host = model, question, key, host
+        self.error: BaseException | None = None
+
+    def start(self, port: int) -> None:
+        threading.Thread(target=self._run, args=(port,), daemon=True).start()
+
+    def _run(self, port: int) -> None:
+        from lemonkit.records import local_url
+
+        try:
+            self._answer(local_url(self.host, port))
+        except Exception as exc:
+            self.error = exc
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def _answer(self, url: str) -> None:
+        from lemonkit.client import Client
+
+        with Client(url, token=self.key) as client:
+            print(f"\n{self.question}\n", end="", flush=True)
+            finish = None
+            for event in client.events("completions", demo_body(self.model, self.question)):
+                for choice in event.data.get("choices") or []:
+                    print(choice.get("text") or "", end="", flush=True)
+                    finish = choice.get("finish_reason") or finish
+            stats = client.request("GET", "stats")
+            cut = "; cut at max_tokens" if finish == "length" else ""
+            print(f"\n\n[{stats['output_tokens']} tokens at {stats['tokens_per_second']:.1f} tok/s{cut}]")
+            print(f"Serving {self.model} at {client.server.api} (OpenAI-compatible). Ctrl-C stops.", flush=True)
 
 
 def _announce(port: int) -> None:
     print(json.dumps({"port": port}), flush=True)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from lemonkit.server.standalone import serve
+
+    settings = Settings()
+    if args.command == "serve":
+        _configure_logging(args.log_level)
+        announce = _announce if args.embedded else None
+        coroutine = serve(
+            host=args.host,
+            port=args.port,
+            settings=settings,
+            preload=args.load,
+            ready=announce,
+            until_stdin_closes=args.embedded,
+        )
+        asyncio.run(coroutine)
+        return 0
+    path = settings.cache_dir / "logs" / "lemonkit-run.log"
+    _configure_logging(args.log_level, path)
+    print(f"lemonkit run: the server's log is in {path}", file=sys.stderr, flush=True)
+    demo = _Demo(args.model, args.prompt, settings.api_key, args.host)
+    try:
+        asyncio.run(serve(host=args.host, port=args.port, settings=settings, preload=args.model, ready=demo.start))
+    except KeyboardInterrupt:
+        pass  # Ctrl-C, or the demo stopping the server
+    if demo.error is not None:
+        raise demo.error
+    return 0
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command in commands.COMMANDS:
         sys.exit(commands.run(args))
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("lemonkit").setLevel(args.log_level.upper())  # explicit, so the log stream keeps this level
-    from lemonkit.server.standalone import serve
-
     try:
-        settings = Settings()
-    except ValueError as exc:
-        print(f"lemonkit {args.command}: {exc}", file=sys.stderr)
-        sys.exit(2)
-    if args.command == "serve":
-        announce = _announce if args.embedded else None
-        asyncio.run(
-            serve(
-                host=args.host,
-                port=args.port,
-                settings=settings,
-                preload=args.load,
-                ready=announce,
-                until_stdin_closes=args.embedded,
-            )
-        )
-        return
-
-    def ready(port: int) -> None:
-        threading.Thread(target=_demo, args=(port, args.model, args.prompt), daemon=True).start()
-
-    try:
-        asyncio.run(serve(host=args.host, port=args.port, settings=settings, preload=args.model, ready=ready))
+        status = _serve(args)
     except KeyboardInterrupt:
-        sys.exit(0)
+        status = 0
+    except Exception as exc:
+        log.debug("%s failed", args.command, exc_info=True)
+        print(f"lemonkit {args.command}: {commands.describe(exc)}", file=sys.stderr)
+        status = 2
+    sys.exit(status)
 
 
 if __name__ == "__main__":

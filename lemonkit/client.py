@@ -6,7 +6,9 @@ built without a URL finds its server at the first request, taking the first of:
 1. ``LEMONKIT_URL`` (a host root such as ``http://127.0.0.1:13305``, a Jupyter server's
    ``http://host:8888/lemonkit``, or a full ``.../api/v1``), with ``LEMONKIT_TOKEN`` or ``LEMONADE_API_KEY``;
 2. the Jupyter server this kernel belongs to, with its token (JupyterHub's API token when it has none);
-3. a ``lemonkit serve`` of this user on ``127.0.0.1:13305`` (on a shared machine, another user's is never used);
+3. a ``lemonkit serve`` of this user, the one on port 13305 first, found through its record in Jupyter's runtime
+   directory (with its key; see :mod:`lemonkit.records`): a server no record vouches for, such as another
+   user's on a shared machine, is never used;
 4. an embedded standalone server started in the background on a free port, with a random key, that exits with
    this process (it watches its stdin).
 
@@ -33,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource, ServerSentEvent
 
+from lemonkit import records
 from lemonkit.config import DEFAULT_PORT
 from lemonkit.errors import InvalidArgument, LemonkitError, error_from_body
 
@@ -112,8 +116,8 @@ def locate(*, start: bool = True) -> Server:
     found = _jupyter_server()
     if found is not None:
         return found
-    local = Server(f"http://127.0.0.1:{DEFAULT_PORT}/api/v1", token, "standalone")
-    if _answers(local) and _listener_is_mine(DEFAULT_PORT):
+    local = _recorded(token)
+    if local is not None:
         return local
     if not start:
         raise ServerUnavailable(
@@ -132,25 +136,13 @@ def _answers(server: Server) -> bool:
     return response.status_code == 200
 
 
-def _listener_is_mine(port: int) -> bool:
-    """Whether the process listening on ``port`` is this user's: on a shared machine (JupyterHub) another user's
-    ``lemonkit serve`` on the default port must never receive this user's prompts."""
-    getuid = getattr(os, "getuid", None)
-    if getuid is None:  # no user ids to compare (Windows)
-        return True
-    import psutil
-
-    uid = getuid()
-    for process in psutil.process_iter(["uids"]):
-        try:
-            if process.info["uids"] is None or process.info["uids"].real != uid:
-                continue
-            for conn in process.net_connections(kind="tcp"):
-                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
-                    return True
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return False
+def _recorded(token: str | None) -> Server | None:
+    """This user's recorded ``lemonkit serve`` (the one on the default port first), if it answers."""
+    record = records.find(DEFAULT_PORT)
+    if record is None:
+        return None
+    server = Server(api_root(record.url), record.key or token, "standalone")
+    return server if _answers(server) else None
 
 
 # -- the Jupyter server of this kernel ----------------------------------------------------------------------------
@@ -273,29 +265,29 @@ def _result(response: httpx.Response) -> Any:
         except ValueError:
             body = None
         raise error_from_body(response.status_code, body, response.text)
-    return response.json()
+    try:
+        return response.json()
+    except ValueError:
+        raise LemonkitError(
+            f"{response.url} answered {response.status_code} with something that is not JSON: is it a lemonkit server?",
+            status=502,
+            code="invalid_response",
+        ) from None
 
 
-def _parse_events(lines: Iterator[str] | list[str], state: list[str]) -> Iterator[Event]:
-    """SSE lines -> events; ``state`` holds the pending ``event:`` name between calls (async callers feed lines
-    one at a time).
+def _event(sse: ServerSentEvent) -> Event | None:
+    """One server-sent event as an :class:`Event`; ``None`` for the closing ``[DONE]``.
 
     Raises:
         LemonkitError: A plain ``data:`` event carrying ``{"error": {...}}`` (a stream that failed after it
             started), as its class.
     """
-    for line in lines:
-        if line.startswith("event: "):
-            state[0] = line[7:]
-        elif line.startswith("data: "):
-            data = line[6:]
-            if data == "[DONE]":
-                return
-            name, state[0] = state[0], "message"
-            event = Event(name, json.loads(data))
-            if name == "message" and isinstance(event.data, dict) and isinstance(event.data.get("error"), dict):
-                raise error_from_body(None, event.data)
-            yield event
+    if sse.data == "[DONE]":
+        return None
+    event = Event(sse.event, json.loads(sse.data))
+    if sse.event == "message" and isinstance(event.data, dict) and isinstance(event.data.get("error"), dict):
+        raise error_from_body(None, event.data)
+    return event
 
 
 def pull_body(
@@ -415,7 +407,11 @@ class Client(_Base):
                 if response.status_code >= 400:
                     response.read()
                     _result(response)
-                yield from _parse_events(response.iter_lines(), ["message"])
+                for sse in EventSource(response).iter_sse():
+                    event = _event(sse)
+                    if event is None:
+                        return
+                    yield event
         except httpx.TransportError as exc:
             raise ServerUnavailable(f"lemonkit server at {self._located().api} unreachable: {exc}") from exc
 
@@ -496,17 +492,16 @@ class AsyncClient(_Base):
 
     async def events(self, path: str, body: dict[str, Any]) -> AsyncIterator[Event]:
         client = await self._client()
-        state = ["message"]
         try:
             async with client.stream("POST", path, json=body) as response:
                 if response.status_code >= 400:
                     await response.aread()
                     _result(response)
-                async for line in response.aiter_lines():
-                    if line == "data: [DONE]":
+                async for sse in EventSource(response).aiter_sse():
+                    event = _event(sse)
+                    if event is None:
                         return
-                    for event in _parse_events([line], state):
-                        yield event
+                    yield event
         except httpx.TransportError as exc:
             raise ServerUnavailable(f"lemonkit server at {client.base_url} unreachable: {exc}") from exc
 

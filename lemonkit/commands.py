@@ -3,21 +3,24 @@
 The server is found as :mod:`lemonkit.client` describes: ``LEMONKIT_URL`` (with ``LEMONKIT_TOKEN`` or
 ``LEMONADE_API_KEY``; a Jupyter token works too), else a ``lemonkit serve`` on port 13305, else an embedded server
 that lives for the one command (``load`` and ``unload`` need a server that outlives them, so they start none).
-Exit status: 0 done, 1 the server refused, 2 no server, 130 interrupted (a pull pauses on the server and the same
-command resumes it).
+Exit status: 0 done, 2 an error (the server refused, or there is none; one line on stderr, no traceback),
+130 interrupted (a pull pauses on the server and the same command resumes it).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from typing import Any
+
+import httpx
 
 from lemonkit.api import pull
 from lemonkit.client import Client, ServerUnavailable
 from lemonkit.errors import LemonkitError
 
-__all__ = ["COMMANDS", "add_parsers", "run"]
+__all__ = ["COMMANDS", "add_parsers", "describe", "run"]
 
 COMMANDS = ("pull", "list", "delete", "load", "unload", "variants")
 
@@ -87,6 +90,23 @@ def _call(client: Client, args: argparse.Namespace) -> None:
         print(client.unload(args.model)["message"])
 
 
+def describe(exc: BaseException) -> str:
+    """One line for a person about what failed."""
+    if isinstance(exc, ServerUnavailable):
+        text = str(exc)
+    elif isinstance(exc, LemonkitError):
+        text = f"{exc.status}: {exc}" if exc.status else str(exc)
+    elif isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        text = f"the port is already in use ({exc}); pick another with --port"
+    elif isinstance(exc, httpx.HTTPError):
+        text = f"HTTP failure ({type(exc).__name__}: {exc})"
+    elif isinstance(exc, (OSError, ValueError)):
+        text = str(exc)
+    else:
+        text = f"unexpected error ({type(exc).__name__}: {exc})"
+    return " ".join(text.split())
+
+
 def run(args: argparse.Namespace) -> int:
     """Run one client command; returns the exit status."""
     client = Client(start=args.command not in ("load", "unload"))
@@ -95,15 +115,14 @@ def run(args: argparse.Namespace) -> int:
             if client.server.kind == "embedded":
                 print("lemonkit: no server running; this command runs its own", file=sys.stderr)
             _call(client, args)
-    except ServerUnavailable as exc:
-        hint = f" (or `lemonkit serve --load {args.model}`)" if args.command == "load" else ""
-        print(f"lemonkit {args.command}: {exc}{hint}", file=sys.stderr)
-        return 2
-    except LemonkitError as exc:
-        print(f"lemonkit {args.command}: {exc.status}: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         if args.command == "pull":
             print("\nInterrupted: the download is paused; the same command resumes it.", file=sys.stderr)
         return 130
+    except Exception as exc:
+        hint = ""
+        if isinstance(exc, ServerUnavailable) and args.command == "load":
+            hint = f" (or `lemonkit serve --load {args.model}`)"
+        print(f"lemonkit {args.command}: {describe(exc)}{hint}", file=sys.stderr)
+        return 2
     return 0

@@ -27,6 +27,7 @@ CACHE_DIR = ROOT / "cache"
 os.environ["HF_HUB_CACHE"] = str(HF_CACHE)
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["LEMONADE_CACHE_DIR"] = str(CACHE_DIR)
+os.environ["JUPYTER_RUNTIME_DIR"] = str(ROOT / "runtime")  # server records: the session's servers only
 os.environ.pop("LEMONADE_API_KEY", None)
 
 import httpx  # noqa: E402
@@ -85,6 +86,16 @@ def _write_models() -> None:
 _write_models()
 
 
+#: fixtures that run the bundled Gemma 270M: a test using one is marked ``gemma`` (``pytest -m "not gemma"`` skips it)
+GEMMA_FIXTURES = {"gemma", "gemma_path", "bundled_cache"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if GEMMA_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.gemma)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     shutil.rmtree(ROOT, ignore_errors=True)
 
@@ -115,10 +126,12 @@ class Host:
 class Standalone:
     """``lemonkit serve`` in a subprocess, for as long as a fixture needs it."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, env: dict[str, str] | None = None, python: str = sys.executable, args: tuple[str, ...] = ()
+    ) -> None:
         self.env = {**os.environ, **(env or {})}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "lemonkit.cli", "serve", "--port", "0"],
+            [python, "-m", "lemonkit.cli", "serve", "--port", "0", *args],
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -127,7 +140,8 @@ class Standalone:
         self.port: int | None = None
         self.log: list[str] = []
         self._ready = threading.Event()
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
         if not self._ready.wait(60) or self.port is None:
             self.stop()
             raise RuntimeError("lemonkit serve did not start:\n" + "".join(self.log))
@@ -152,6 +166,7 @@ class Standalone:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+        self._drainer.join(10)  # every line it wrote is in self.log
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from typing import Any
 
 from tornado import web, websocket
 
+from lemonkit import records
 from lemonkit.config import DEFAULT_PORT, Settings
 from lemonkit.errors import Unauthorized
 from lemonkit.server import routes
@@ -88,6 +89,8 @@ async def serve(
     bound = next(iter(server._sockets.values())).getsockname()[1]
     if preload:
         await service.manager.load((await service.usable(preload)).id)
+    kind = "embedded" if until_stdin_closes else "standalone"
+    record = await asyncio.to_thread(records.write, records.local_url(host, bound), service.settings.api_key, kind)
     log.info("lemonkit serving on http://%s:%s/api/v1", host, bound)
     if ready is not None:
         ready(bound)
@@ -100,5 +103,6 @@ async def serve(
     try:
         await stop.wait()
     finally:
+        records.remove(record)
         server.stop()
         await service.close()

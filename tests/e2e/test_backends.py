@@ -1,6 +1,9 @@
 """``POST /v1/install`` / ``/v1/uninstall`` and ``state`` in ``/v1/system-info``, on both hosts, with real pip.
 
-pip never touches llama-cpp-python here: the servers of this module read a recipes file
+pip never touches the environment running the tests: both hosts of this module run in their own processes from
+a throwaway virtual environment (``--system-site-packages``, so lemonkit and its engines are there), and a server
+installs backends with its own interpreter's pip, into its own environment, where it reads backend states and
+starts its engines. pip never touches llama-cpp-python either: the servers read a recipes file
 (``LEMONKIT_RECIPES`` / ``c.LemonkitExtension.recipes_file``) that points ``llamacpp:cpu``
 at ``lemonkit-probe-<id>``, a package the tests write as wheels (1.0 and 2.0) and pip installs
 offline from a ``--find-links`` directory. Every test first checks that the backend it is
@@ -12,6 +15,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -24,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import API_KEY, TINY, Host, Standalone
+from jupyter_process import JupyterServer
 
 #: unique per session: concurrent test sessions sharing one environment must not install each other's probe
 PROBE = f"lemonkit-probe-{uuid.uuid4().hex[:8]}"
@@ -67,25 +72,47 @@ def recipes_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     }
     path = tmp_path_factory.mktemp("config") / "recipes.json"
     path.write_text(json.dumps(table))
-    yield path
-    # whatever happened, leave the environment without the probe
-    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", PROBE], capture_output=True, check=False)
+    return path
 
 
 @pytest.fixture(scope="module")
-def standalone(recipes_file: Path) -> Iterator[Standalone]:
-    """This module's own ``lemonkit serve`` (the session's knows nothing of the probe)."""
-    server = Standalone({"LEMONADE_API_KEY": API_KEY, "LEMONKIT_RECIPES": str(recipes_file)})
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A throwaway environment on top of this one; its ``python -m pip`` installs into it."""
+    path = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(path)], check=True)
+    return path
+
+
+def _python(venv: Path) -> str:
+    return str(venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python"))
+
+
+@pytest.fixture(scope="module")
+def standalone(recipes_file: Path, venv: Path) -> Iterator[Standalone]:
+    """This module's own ``lemonkit serve``, in the venv (the session's knows nothing of the probe)."""
+    server = Standalone({"LEMONADE_API_KEY": API_KEY, "LEMONKIT_RECIPES": str(recipes_file)}, python=_python(venv))
     yield server
     server.stop()
 
 
-@pytest.fixture
-def jp_server_config(recipes_file: Path) -> dict[str, Any]:
-    return {
-        "ServerApp": {"jpserver_extensions": {"lemonkit": True}},
-        "LemonkitExtension": {"recipes_file": str(recipes_file)},
-    }
+@pytest.fixture(scope="module")
+def jupyter_host(recipes_file: Path, venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    """This module's own Jupyter server, in the venv."""
+    config = {"LemonkitExtension": {"recipes_file": str(recipes_file)}}
+    server = JupyterServer(tmp_path_factory.mktemp("jupyter"), config, python=_python(venv))
+    yield Host("jupyter", server.base + "lemonkit/", server.token)
+    server.stop()
+
+
+def _installed_in_venv(venv: Path) -> list[str]:
+    """The probe's versions installed in the venv's own site-packages."""
+    return sorted(p.name for p in venv.glob(f"lib/python*/site-packages/{MODULE}-*.dist-info"))
+
+
+@pytest.fixture(autouse=True)
+def _tests_environment_untouched() -> Iterator[None]:
+    yield
+    assert list(importlib.metadata.distributions(name=PROBE)) == []  # neither here nor anywhere on sys.path
 
 
 async def _backends(client: httpx.AsyncClient) -> dict[str, Any]:
@@ -127,7 +154,7 @@ async def _probe(host: Host) -> AsyncIterator[httpx.AsyncClient]:
             await clean()
 
 
-async def test_install_update_uninstall(host: Host) -> None:
+async def test_install_update_uninstall(host: Host, venv: Path) -> None:
     async with _probe(host) as client:
         cpu = (await _backends(client))["cpu"]
         assert cpu == {
@@ -136,11 +163,13 @@ async def test_install_update_uninstall(host: Host) -> None:
             "message": "Backend is supported but not installed.",
             "action": f"pip install {PROBE}",
         }
+        assert _installed_in_venv(venv) == []
 
         # an old version: the backend needs an update
         assert (await _post(client, "install", {"backend": "probe-old"})).status_code == 200  # pins 1.0
         backends = await _backends(client)
         assert backends["probe-old"]["state"] == "installed" and backends["probe-old"]["version"] == "1.0"
+        assert _installed_in_venv(venv) == [f"{MODULE}-1.0.dist-info"]  # in the server's environment, not ours
         cpu = backends["cpu"]
         assert (cpu["state"], cpu["version"], cpu["action"]) == ("update_required", "1.0", f"pip install -U {PROBE}")
         assert cpu["message"]
@@ -157,6 +186,7 @@ async def test_install_update_uninstall(host: Host) -> None:
         assert done["percent"] == 100 and done["file"] == "llamacpp:cpu"
         cpu = (await _backends(client))["cpu"]
         assert (cpu["state"], cpu["version"], cpu["message"], cpu["action"]) == ("installed", "2.0", "", "")
+        assert _installed_in_venv(venv) == [f"{MODULE}-2.0.dist-info"]
 
         # uninstall unloads the models running on it first
         assert (await client.post("load", json={"model_name": TINY})).status_code == 200
@@ -166,6 +196,7 @@ async def test_install_update_uninstall(host: Host) -> None:
         assert any(f"Successfully uninstalled {PROBE}" in data["line"] for _, data in events[:-1])
         assert (await client.get("health")).json()["all_models_loaded"] == []
         assert (await _backends(client))["cpu"]["state"] == "installable"
+        assert _installed_in_venv(venv) == []
 
         # the same without streams
         response = await _post(client, "install", {"backend": "cpu"})

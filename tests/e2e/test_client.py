@@ -17,6 +17,7 @@ import httpx
 import psutil
 import pytest
 from conftest import API_KEY, TINY, Host, Standalone
+from jupyter_process import JupyterServer
 
 import lemonkit
 from lemonkit.client import AsyncClient, Client, ServerUnavailable, api_root, host_root
@@ -70,19 +71,18 @@ async def test_wrong_credentials_raise_unauthorized(host: Host) -> None:
 
 
 def test_an_error_event_raises_its_class() -> None:
-    from lemonkit.client import _parse_events
+    from httpx_sse import ServerSentEvent
+
+    from lemonkit.client import _event
 
     error = {"error": {"message": "engine died", "type": "backend_error", "code": "backend_error"}}
-    lines = ['data: {"choices": []}', "", ": ping", f"data: {json.dumps(error)}"]
-    events = _parse_events(lines, ["message"])
-    assert next(events).data == {"choices": []}
+    assert _event(ServerSentEvent(data='{"choices": []}')).data == {"choices": []}  # type: ignore[union-attr]
     with pytest.raises(lemonkit.LemonkitError) as failed:
-        next(events)
+        _event(ServerSentEvent(data=json.dumps(error)))
     assert type(failed.value).__name__ == "BackendError" and failed.value.message == "engine died"
-    named = list(
-        _parse_events(["event: error", 'data: {"error": "hub down"}', "data: [DONE]", "data: {}"], ["message"])
-    )
-    assert [(e.name, e.data) for e in named] == [("error", {"error": "hub down"})]  # a named event is the caller's
+    named = _event(ServerSentEvent(event="error", data='{"error": "hub down"}'))
+    assert named is not None and (named.name, named.data) == ("error", {"error": "hub down"})  # the caller's
+    assert _event(ServerSentEvent(data="[DONE]")) is None
 
 
 def test_api_root_spellings() -> None:
@@ -110,38 +110,112 @@ def test_an_unreachable_lemonkit_url_raises(monkeypatch: pytest.MonkeyPatch) -> 
     assert "LEMONKIT_URL" in str(unreachable.value) and isinstance(unreachable.value, ConnectionError)
 
 
-# -- a running standalone server -----------------------------------------------------------------------------------
+# -- a running standalone server, found through its record ---------------------------------------------------------
+
+
+def _records(runtime: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(runtime.glob("lemonkit-*.json"))]
 
 
 def test_a_running_serve_of_this_user_is_found(monkeypatch: pytest.MonkeyPatch, standalone: Standalone) -> None:
     import lemonkit.client
 
-    for name in ("LEMONKIT_URL", "LEMONKIT_TOKEN"):
+    for name in ("LEMONKIT_URL", "LEMONKIT_TOKEN", "LEMONADE_API_KEY"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("LEMONADE_API_KEY", API_KEY)
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", standalone.env["JUPYTER_RUNTIME_DIR"])  # where it keeps its record
     monkeypatch.setattr(lemonkit.client, "DEFAULT_PORT", standalone.port)
     found = lemonkit.client.locate(start=False)
-    assert (found.kind, found.api) == ("standalone", standalone.root + "api/v1")
+    assert (found.kind, found.api, found.token) == ("standalone", standalone.root + "api/v1", API_KEY)  # its key
+    with Client() as client:
+        assert TINY in [m["id"] for m in client.models()]
+
+
+def test_serve_records_itself_until_it_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lemonkit.client
+
+    runtime = tmp_path / "runtime"
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    for name in ("LEMONKIT_URL", "LEMONKIT_TOKEN", "LEMONADE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    server = Standalone({"JUPYTER_RUNTIME_DIR": str(runtime)})  # no key: other local clients use it as before
+    try:
+        path = runtime / f"lemonkit-{server.process.pid}.json"
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert _records(runtime) == [
+            {"pid": server.process.pid, "url": server.root.rstrip("/"), "key": None, "kind": "standalone"}
+        ]
+        monkeypatch.setattr(lemonkit.client, "DEFAULT_PORT", server.port)
+        with Client() as client:
+            assert (client.server.kind, client.server.token) == ("standalone", None)
+            assert TINY in [m["id"] for m in client.models()]
+    finally:
+        server.stop()
+    assert server.process.returncode == 0 and not path.exists()  # a clean exit takes its record along
+
+
+def test_stale_and_unvouched_records_are_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lemonkit.client
+    from lemonkit import records
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("LEMONKIT_URL", raising=False)
+    with socket.socket() as sock:  # a port that this process holds but where no lemonkit server listens
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        monkeypatch.setattr(lemonkit.client, "DEFAULT_PORT", port)
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        stale = tmp_path / f"lemonkit-{dead.stdout.strip()}.json"
+        stale.write_text(json.dumps({"pid": int(dead.stdout), "url": f"http://127.0.0.1:{port}", "key": None}))
+        elsewhere = tmp_path / "lemonkit-1.json"  # alive, but pid 1 does not listen there
+        elsewhere.write_text(json.dumps({"pid": 1, "url": f"http://127.0.0.1:{port}", "key": None}))
+        with pytest.raises(ServerUnavailable):
+            lemonkit.client.locate(start=False)
+        assert not stale.exists() and elsewhere.exists()  # the dead process's record is removed
+        # this process listens on the port, but its record leads to no lemonkit server: not used either
+        records.write(f"http://127.0.0.1:{port}", None)
+        assert [r.pid for r in records.live_records()] == [os.getpid()]
+        with pytest.raises(ServerUnavailable):
+            lemonkit.client.locate(start=False)
 
 
 @pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to listen as another user")
 @pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="needs a Python every user may run")
-def test_another_users_server_is_not_mine() -> None:
-    from lemonkit.client import _listener_is_mine
+def test_another_users_server_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lemonkit.client
+    from lemonkit import records
 
-    script = "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
-    script += "print(s.getsockname()[1], flush=True); sys.stdin.read()"
+    # "nobody" serves /live on a port, as another user's `lemonkit serve` on the default port would
+    script = textwrap.dedent(
+        """
+        import http.server, sys, threading
+        class Live(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200); self.end_headers()
+        server = http.server.HTTPServer(("127.0.0.1", 0), Live)
+        print(server.server_address[1], flush=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        sys.stdin.read()
+        """
+    )
     other = subprocess.Popen(
         ["/usr/bin/python3", "-c", script], user=65534, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/"
     )
     try:
         assert other.stdout is not None
-        port = int(other.stdout.readline())  # listening as "nobody"
-        with socket.socket() as own:
-            own.bind(("127.0.0.1", 0))
-            own.listen()
-            assert _listener_is_mine(own.getsockname()[1])
-        assert not _listener_is_mine(port)
+        port = int(other.stdout.readline())
+        assert httpx.get(f"http://127.0.0.1:{port}/live").status_code == 200
+        monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+        monkeypatch.delenv("LEMONKIT_URL", raising=False)
+        monkeypatch.setattr(lemonkit.client, "DEFAULT_PORT", port)
+        with pytest.raises(ServerUnavailable):  # no record of ours names it
+            lemonkit.client.locate(start=False)
+        # nor does a record of ours naming that process (its pid reused, say): it is not this user's
+        record = tmp_path / f"lemonkit-{other.pid}.json"
+        record.write_text(json.dumps({"pid": other.pid, "url": f"http://127.0.0.1:{port}", "key": None}))
+        assert list(records.live_records()) == []
+        with pytest.raises(ServerUnavailable):
+            lemonkit.client.locate(start=False)
     finally:
         other.kill()
         other.wait()
@@ -150,16 +224,14 @@ def test_another_users_server_is_not_mine() -> None:
 # -- the embedded server ------------------------------------------------------------------------------------------
 
 
-def _clean_env() -> dict[str, str]:
+def _clean_env(runtime: Path) -> dict[str, str]:
+    """No server to find: no URL, no key, and a runtime directory without records (a server on the default port
+    without a record here is not used)."""
     env = {k: v for k, v in os.environ.items() if k not in ("LEMONKIT_URL", "LEMONKIT_TOKEN", "LEMONADE_API_KEY")}
-    try:
-        httpx.get("http://127.0.0.1:13305/live", timeout=2)
-    except httpx.TransportError:
-        return env
-    pytest.skip("a lemonkit server runs on this machine's default port, so nothing would be embedded")
+    return {**env, "JUPYTER_RUNTIME_DIR": str(runtime)}
 
 
-def test_the_embedded_server_serves_and_dies_with_its_process() -> None:
+def test_the_embedded_server_serves_and_dies_with_its_process(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import json, sys, lemonkit
@@ -171,7 +243,11 @@ def test_the_embedded_server_serves_and_dies_with_its_process() -> None:
         """
     )
     parent = subprocess.Popen(
-        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_clean_env()
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_clean_env(tmp_path),
     )
     try:
         assert parent.stdout is not None
@@ -183,16 +259,20 @@ def test_the_embedded_server_serves_and_dies_with_its_process() -> None:
         health = httpx.get(found["api"] + "/health", headers={"Authorization": f"Bearer {found['token']}"}).json()
         sidecar = psutil.Process(health["all_models_loaded"][0]["pid"])
         server = next(p for p in psutil.Process(parent.pid).children() if "--embedded" in p.cmdline())
+        # recorded, with its key, but as embedded: another process's client does not adopt it
+        assert _records(tmp_path) == [
+            {"pid": server.pid, "url": host_root(found["api"]), "key": found["token"], "kind": "embedded"}
+        ]
         parent.send_signal(signal.SIGKILL)  # no atexit: the server sees its stdin close
         _, alive = psutil.wait_procs([server, sidecar], timeout=60)
-        assert not alive
+        assert not alive and _records(tmp_path) == []
     finally:
         parent.kill()
         parent.wait()
 
 
-def test_cli_without_a_server_runs_its_own() -> None:
-    env = _clean_env()
+def test_cli_without_a_server_runs_its_own(tmp_path: Path) -> None:
+    env = _clean_env(tmp_path)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -213,45 +293,16 @@ def test_cli_without_a_server_runs_its_own() -> None:
 # -- the kernel's Jupyter server ----------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_a_kernel_finds_its_jupyter_server(tmp_path: Path) -> None:
     from jupyter_client.blocking import BlockingKernelClient
 
-    config = tmp_path / "config"
-    config.mkdir()
-    (config / "jupyter_server_config.json").write_text(
-        json.dumps({"ServerApp": {"jpserver_extensions": {"lemonkit": True}}})
-    )
-    env = {**_clean_env(), "JUPYTER_CONFIG_DIR": str(config), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
-    port, token = _free_port(), "kernel-test-token"
-    flags = ["--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.base_url=/b/"]
-    flags += [f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}"]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_server", *flags],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    server = JupyterServer(tmp_path, env=_clean_env(tmp_path / "runtime"))
     kernel_client = None
     try:
-        assert server.stderr is not None
-        log = []
-        for line in server.stderr:
-            log.append(line)
-            if "is running at" in line:
-                break
-        else:
-            pytest.fail("jupyter server did not start:\n" + "".join(log))
-        base = f"http://127.0.0.1:{port}/b/"
+        base, token = server.base, server.token
         headers = {"Authorization": f"token {token}"}
         kernel = httpx.post(base + "api/kernels", headers=headers, json={}, timeout=60).json()["id"]
-        kernel_client = BlockingKernelClient(connection_file=str(tmp_path / "runtime" / f"kernel-{kernel}.json"))
+        kernel_client = BlockingKernelClient(connection_file=str(server.runtime_dir / f"kernel-{kernel}.json"))
         kernel_client.load_connection_file()
         kernel_client.start_channels()
         kernel_client.wait_for_ready(timeout=60)
@@ -275,5 +326,4 @@ def test_a_kernel_finds_its_jupyter_server(tmp_path: Path) -> None:
     finally:
         if kernel_client is not None:
             kernel_client.stop_channels()
-        server.terminate()
-        server.wait(30)
+        server.stop()

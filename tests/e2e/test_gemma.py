@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import GEMMA, Host
+
+pytestmark = pytest.mark.gemma
 
 
 async def test_gemma_completion_is_real_text(host: Host) -> None:

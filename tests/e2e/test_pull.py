@@ -1030,7 +1030,7 @@ async def test_cli_commands(pull_standalone: tuple[Host, Path], module_hub: HubS
     assert (await asyncio.to_thread(cli, "unload")).returncode == 0
     assert (await asyncio.to_thread(cli, "delete", name)).stdout.strip() == f"Deleted model: {name}"
     missing = await asyncio.to_thread(cli, "pull", "user.nothing-here")
-    assert missing.returncode == 1 and "404" in missing.stderr
+    assert missing.returncode == 2 and "404" in missing.stderr
     cli_env["LEMONKIT_URL"] = "http://127.0.0.1:9"
     assert (await asyncio.to_thread(cli, "list")).returncode == 2
 
