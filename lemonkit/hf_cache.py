@@ -236,7 +236,7 @@ def select_gguf_files(names: Iterable[str], variant: str | None = None) -> list[
     Returns:
         The chosen files (every shard, first shard first, whether or not listed), or ``[]`` when none matches.
     """
-    wanted = variant.lower() if variant else ""
+    wanted = variant.lower() if variant and variant != "*" else ""  # Lemonade's "repo:*": any GGUF
     bounded = re.compile(rf"(?<![a-z0-9]){re.escape(wanted)}(?![a-z0-9])") if wanted else None
     groups: dict[str, list[str]] = {}
     for name in names:

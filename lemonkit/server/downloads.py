@@ -61,7 +61,15 @@ class PullHandler(LemonkitHandler):
             downloads.unsubscribe(job)
 
     def _target(self, body: dict[str, Any]) -> tuple[ModelInfo, dict[str, Any] | None]:
-        """The model to pull and, for a registration, its ``user_models.json`` row (checked, not yet saved)."""
+        """The model to pull and, for a registration, its ``user_models.json`` row (checked, not yet saved).
+
+        Raises:
+            ModelNotSupported: The model does not run on this machine (nothing is registered).
+        """
+        info, row = self._named(body)
+        return self.service.support.require(info, self.service.registry), row
+
+    def _named(self, body: dict[str, Any]) -> tuple[ModelInfo, dict[str, Any] | None]:
         registry = self.service.registry
         name = body["model_name"]
         if not any(body.get(k) is not None for k in _REGISTRATION_FIELDS):

@@ -29,7 +29,7 @@ class LoadHandler(LemonkitHandler):
 
     async def _load(self, body: dict[str, Any]) -> None:
         service = self.service
-        info = await service.lookup(body["model_name"])
+        info = await service.usable(body["model_name"])
         if info.recipe == COLLECTION_OMNI:
             parts, missing = await asyncio.to_thread(self._parts, service.registry, info)
             await service.downloads.install(missing)  # all of them before any load: a failure loads nothing

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from lemonkit.catalog import Support
 from lemonkit.errors import BackendError, ModelNotApplicable, NotEmbeddingModel
 from lemonkit.manager import LoadedModel
 from lemonkit.registry import ModelInfo
@@ -44,7 +45,7 @@ class InferenceHandler(LemonkitHandler):
 
     async def post(self) -> None:
         body = self.json_body()
-        info = await self.service.lookup(body["model"])
+        info = await self.service.usable(body["model"])
         self.check_applicable(info)
         await self.unless_gone(self._serve(info, body))  # a client that leaves also ends a first-use download
 
@@ -166,7 +167,8 @@ class RerankHandler(InferenceHandler):
 
 
 class ModelsHandler(LemonkitHandler):
-    """``GET/HEAD /v1/models``."""
+    """``GET/HEAD /v1/models``: the downloaded models this machine runs; ``show_all`` adds the rest of the
+    registry, each model that does not run here with its ``unsupported_reason``."""
 
     async def get(self) -> None:
         show_all = _flag(self.get_query_argument("show_all", None))
@@ -174,10 +176,12 @@ class ModelsHandler(LemonkitHandler):
         service = self.service
 
         def build() -> list[dict[str, Any]]:
-            return [
-                service.registry.model_object(info, include_paths=include_paths, context_length=_loaded_ctx(self, info))
-                for info in service.registry.list(show_all=show_all)
-            ]
+            objects = []
+            for info in service.registry.list(show_all=show_all):
+                support = service.support.model(info, service.registry)
+                if show_all or support.supported:
+                    objects.append(_model_object(self, info, support, include_paths))
+            return objects
 
         self.write_json({"object": "list", "data": await asyncio.to_thread(build)})
 
@@ -191,14 +195,18 @@ class ModelHandler(LemonkitHandler):
 
     async def get(self, model_id: str) -> None:
         include_paths = _flag(self.get_query_argument("include_paths", None))
-        registry = self.service.registry
-        info = await self.service.lookup(model_id)
-        obj = await asyncio.to_thread(
-            registry.model_object, info, include_paths=include_paths, context_length=_loaded_ctx(self, info)
-        )
-        self.write_json(obj)
+        service = self.service
+        info = await service.lookup(model_id)
+
+        def build() -> dict[str, Any]:
+            return _model_object(self, info, service.support.model(info, service.registry), include_paths)
+
+        self.write_json(await asyncio.to_thread(build))
 
 
-def _loaded_ctx(handler: LemonkitHandler, info: ModelInfo) -> int | None:
+def _model_object(handler: LemonkitHandler, info: ModelInfo, support: Support, include_paths: bool) -> dict[str, Any]:
+    """The spec's model object, with whether the model runs on this machine."""
     model = handler.service.manager.loaded(info.target_id)
-    return model.engine_info.get("ctx_size") if model else None
+    context_length = model.engine_info.get("ctx_size") if model else None
+    obj = handler.service.registry.model_object(info, include_paths=include_paths, context_length=context_length)
+    return {**obj, **support.fields()}

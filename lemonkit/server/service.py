@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from lemonkit import logs
+from lemonkit.catalog import SupportPolicy
 from lemonkit.config import Settings
 from lemonkit.downloads import DownloadManager
 from lemonkit.installer import Installer
@@ -28,6 +29,7 @@ class Service:
         self.settings = settings or Settings()
         self.settings.cache_dir.mkdir(parents=True, exist_ok=True)
         self.registry = Registry(self.settings.cache_dir)
+        self.support = SupportPolicy(self.settings.recipes)
         self.downloads = DownloadManager(self.settings, self.registry)
         self.manager = ModelManager(self.settings, self.registry, install=self.downloads.install)
         self.installer = Installer(self.settings, self.manager)
@@ -41,6 +43,16 @@ class Service:
             ModelNotFound: Nothing is registered under ``name``.
         """
         return await asyncio.to_thread(self.registry.get, name)
+
+    async def usable(self, name: str) -> ModelInfo:
+        """:meth:`lookup` of a model this machine runs: what pulling, loading and inference start from.
+
+        Raises:
+            ModelNotFound: Nothing is registered under ``name``.
+            ModelNotSupported: The model's recipe (or registry, or a component) does not run here.
+        """
+        info = await self.lookup(name)
+        return await asyncio.to_thread(self.support.require, info, self.registry)
 
     async def close(self) -> None:
         await self.downloads.close()

@@ -88,7 +88,7 @@ async def serve(
     server = make_app(service).listen(port, address=host)
     bound = next(iter(server._sockets.values())).getsockname()[1]
     if preload:
-        await service.manager.load(preload)
+        await service.manager.load((await service.usable(preload)).id)
     kind = "embedded" if until_stdin_closes else "standalone"
     record = await asyncio.to_thread(records.write, records.local_url(host, bound), service.settings.api_key, kind)
     log.info("lemonkit serving on http://%s:%s/api/v1", host, bound)
