@@ -31,6 +31,18 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--host", default="127.0.0.1")
         cmd.add_argument("--port", type=int, default=DEFAULT_PORT)
         cmd.add_argument("--log-level", default="info")
+        cmd.add_argument(
+            "--allowed-hosts",
+            metavar="NAMES",
+            help="Host names accepted besides localhost and IP literals, comma-separated ('.example.com' for a "
+            "domain, '*' for any: unsafe); default $LEMONKIT_ALLOWED_HOSTS",
+        )
+        cmd.add_argument(
+            "--allowed-origins",
+            metavar="ORIGINS",
+            help="web page origins (http://host:port) allowed to call the API, with CORS, comma-separated; "
+            "default $LEMONKIT_ALLOWED_ORIGINS",
+        )
     serve = sub.choices["serve"]
     serve.add_argument("--load", metavar="MODEL", help="load this model before serving")
     # lemonkit.client's embedded server: announces its port on stdout, exits when its stdin closes
@@ -89,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
                 preload=args.load,
                 ready=announce,
                 until_stdin_closes=args.embedded,
+                allowed_hosts=args.allowed_hosts,
+                allowed_origins=args.allowed_origins,
             )
         )
         return
@@ -97,7 +111,17 @@ def main(argv: list[str] | None = None) -> None:
         threading.Thread(target=_demo, args=(port, args.model, args.prompt), daemon=True).start()
 
     try:
-        asyncio.run(serve(host=args.host, port=args.port, settings=settings, preload=args.model, ready=ready))
+        asyncio.run(
+            serve(
+                host=args.host,
+                port=args.port,
+                settings=settings,
+                preload=args.model,
+                ready=ready,
+                allowed_hosts=args.allowed_hosts,
+                allowed_origins=args.allowed_origins,
+            )
+        )
     except KeyboardInterrupt:
         sys.exit(0)
 

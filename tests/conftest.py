@@ -115,10 +115,10 @@ class Host:
 class Standalone:
     """``lemonkit serve`` in a subprocess, for as long as a fixture needs it."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
         self.env = {**os.environ, **(env or {})}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "lemonkit.cli", "serve", "--port", "0"],
+            [sys.executable, "-m", "lemonkit.cli", "serve", "--port", "0", *args],
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
