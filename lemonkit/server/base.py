@@ -108,11 +108,9 @@ class LemonkitHandler(_Base):
             body: Any = {}
         else:
             body = parse_json(raw)
-        if self.schema is not None:
-            return schemas.validate(self.schema, body)
         if not isinstance(body, dict):
             raise InvalidJSON("The body is not a JSON object")
-        return body
+        return schemas.validate(self.schema, body) if self.schema is not None else body
 
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)

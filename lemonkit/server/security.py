@@ -19,7 +19,8 @@ Accepted ``Host`` names:
   ``*.example.com`` for a domain and its subdomains, ``*`` for any name (the check is off: logged as a warning).
 
 An empty name (``Host: :13305``) and a missing ``Host`` (HTTP/1.0) are refused. Requests without ``Origin``
-(curl, the openai SDK, any non-browser client) are never refused for their origin.
+(curl, the openai SDK, any non-browser client) are never refused for their origin. ``/live`` needs no key but
+keeps both checks: a foreign page learns nothing from it, not even that a server is there.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class BrowserPolicy:
         any_host: ``*`` was allowed: the ``Host`` check is off.
         origins: Origins (``scheme://name:port``) accepted besides the server's own, with CORS answers.
         any_origin: ``*`` was allowed: every origin is accepted (and echoed, never ``*``).
+        local_only: The server listens on loopback addresses only.
     """
 
     names: frozenset[str] = frozenset()
@@ -117,6 +119,7 @@ class BrowserPolicy:
     any_host: bool = False
     origins: frozenset[tuple[str, str, int]] = frozenset()
     any_origin: bool = False
+    local_only: bool = True
 
     @classmethod
     def create(
@@ -139,7 +142,8 @@ class BrowserPolicy:
         origins = split_list(os.environ.get("LEMONKIT_ALLOWED_ORIGINS") if allowed_origins is None else allowed_origins)
         bound = [b.strip("[]").lower() for b in bound if b]
         names = {b for b in bound if _ip(b) is None}
-        if not all(is_loopback(b) for b in bound):
+        local_only = all(is_loopback(b) for b in bound)
+        if not local_only:
             # reachable from other machines: they may call it by this machine's name
             names.add(socket.gethostname().lower())
         suffixes = tuple("." + h.lstrip("*.") for h in hosts if h.startswith((".", "*.")))
@@ -154,11 +158,18 @@ class BrowserPolicy:
             any_host="*" in hosts,
             origins=frozenset(p for p in parsed.values() if p is not None),
             any_origin="*" in origins,
+            local_only=local_only,
         )
 
-    def warnings(self) -> list[str]:
-        """What an operator must know about this policy at start-up."""
+    def warnings(self, api_key: str | None) -> list[str]:
+        """What an operator must know at start-up about this policy on a server with this key."""
         found = []
+        if not self.local_only and not api_key:
+            found.append(
+                "lemonkit is listening beyond this machine with no API key: anyone who can reach it can run "
+                "models, pull and delete them, and install packages. Set LEMONADE_API_KEY to require a key, "
+                "or serve on 127.0.0.1"
+            )
         if self.any_host:
             found.append(
                 "allowed hosts include '*': requests naming any Host are served, so a web page can reach this "

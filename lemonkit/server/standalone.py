@@ -19,7 +19,7 @@ from lemonkit.config import DEFAULT_PORT, Settings
 from lemonkit.errors import Unauthorized
 from lemonkit.logs import redact_logs
 from lemonkit.server import routes
-from lemonkit.server.security import ALLOW_HEADERS, POLICY_KEY, BrowserPolicy, is_loopback
+from lemonkit.server.security import ALLOW_HEADERS, POLICY_KEY, BrowserPolicy
 from lemonkit.server.service import SETTINGS_KEY, Service
 
 __all__ = ["StandaloneHandler", "StandaloneWebSocketHandler", "make_app", "serve"]
@@ -112,18 +112,6 @@ def make_app(service: Service, policy: BrowserPolicy | None = None) -> web.Appli
     return web.Application(routes.build("/", StandaloneHandler, StandaloneWebSocketHandler), **settings)
 
 
-def _warn_about(host: str, bound: list[str], settings: Settings, policy: BrowserPolicy) -> None:
-    if not settings.api_key and not all(is_loopback(address) for address in bound):
-        log.warning(
-            "lemonkit is listening on %s, beyond this machine, with no API key: anyone who can reach this "
-            "address can run models, pull and delete them, and install packages. Set LEMONADE_API_KEY to "
-            "require a key, or serve on 127.0.0.1",
-            host or "every interface",
-        )
-    for warning in policy.warnings():
-        log.warning("%s", warning)
-
-
 def _wait_for_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
     while sys.stdin.buffer.read(65536):
         pass
@@ -170,7 +158,8 @@ async def serve(
     server = HTTPServer(make_app(service, policy))
     server.add_sockets(sockets)
     bound = sockets[0].getsockname()[1]
-    _warn_about(host, addresses, service.settings, policy)
+    for warning in policy.warnings(service.settings.api_key):
+        log.warning("%s", warning)
     if preload:
         await service.manager.load(preload)
     log.info("lemonkit serving on http://%s:%s/api/v1", host, bound)
