@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         print(f"lemonkit {args.command}: {exc}", file=sys.stderr)
         sys.exit(2)
+    browsers = {"allowed_hosts": args.allowed_hosts, "allowed_origins": args.allowed_origins}
     if args.command == "serve":
         announce = _announce if args.embedded else None
         asyncio.run(
@@ -101,8 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                 preload=args.load,
                 ready=announce,
                 until_stdin_closes=args.embedded,
-                allowed_hosts=args.allowed_hosts,
-                allowed_origins=args.allowed_origins,
+                **browsers,
             )
         )
         return
@@ -112,15 +112,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         asyncio.run(
-            serve(
-                host=args.host,
-                port=args.port,
-                settings=settings,
-                preload=args.model,
-                ready=ready,
-                allowed_hosts=args.allowed_hosts,
-                allowed_origins=args.allowed_origins,
-            )
+            serve(host=args.host, port=args.port, settings=settings, preload=args.model, ready=ready, **browsers)
         )
     except KeyboardInterrupt:
         sys.exit(0)

@@ -18,6 +18,10 @@ Accepted ``Host`` names:
 - ``--allowed-hosts`` / ``LEMONKIT_ALLOWED_HOSTS``: comma-separated names, ``.example.com`` or
   ``*.example.com`` for a domain and its subdomains, ``*`` for any name (the check is off: logged as a warning).
 
+Accepted origins: the server's own (``http://`` plus the request's ``Host``) and ``--allowed-origins`` /
+``LEMONKIT_ALLOWED_ORIGINS`` (comma-separated ``scheme://host[:port]``; ``*`` for any, logged as a warning).
+Behind a TLS-terminating proxy the page's ``https://`` origin is not the server's own: allow it there.
+
 An empty name (``Host: :13305``) and a missing ``Host`` (HTTP/1.0) are refused. Requests without ``Origin``
 (curl, the openai SDK, any non-browser client) are never refused for their origin. ``/live`` needs no key but
 keeps both checks: a foreign page learns nothing from it, not even that a server is there.
