@@ -8,11 +8,10 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tornado import web, websocket
 from tornado.httpserver import HTTPServer
-from tornado.httputil import HTTPServerRequest
 from tornado.netutil import bind_sockets
 
 from lemonkit.config import DEFAULT_PORT, Settings
@@ -25,6 +24,11 @@ from lemonkit.server.service import SETTINGS_KEY, Service
 __all__ = ["StandaloneHandler", "StandaloneWebSocketHandler", "make_app", "serve"]
 
 log = logging.getLogger("lemonkit.server")
+
+if TYPE_CHECKING:
+    _HandlerBase = web.RequestHandler
+else:
+    _HandlerBase = object  # joined to a Tornado handler class by each host base below
 
 
 def _authorize(handler: web.RequestHandler, *, query: bool) -> None:
@@ -41,13 +45,10 @@ def _authorize(handler: web.RequestHandler, *, query: bool) -> None:
         raise Unauthorized(f"A valid API key is required: send {how}")
 
 
-class _Guard:
+class _Guard(_HandlerBase):
     """What both standalone bases check before anything else: the browser policy (``Host``, ``Origin``),
     then the key (a CORS preflight carries none: it is answered once the policy accepted its origin)."""
 
-    request: HTTPServerRequest
-    settings: dict[str, Any]
-    SUPPORTED_METHODS: tuple[str, ...]
     #: whether the key may come as ``?api_key=`` too
     query_key = False
 
@@ -56,9 +57,9 @@ class _Guard:
         origin = self.request.headers.get("Origin")
         if origin is None:
             return
-        self.set_header("Vary", "Origin")  # type: ignore[attr-defined]
+        self.set_header("Vary", "Origin")
         if self.settings[POLICY_KEY].origin_allowed(origin):
-            self.set_header("Access-Control-Allow-Origin", origin)  # type: ignore[attr-defined]
+            self.set_header("Access-Control-Allow-Origin", origin)
 
     def prepare(self) -> None:
         self.settings[POLICY_KEY].check(self.request)
@@ -66,15 +67,15 @@ class _Guard:
         if self.request.method == "OPTIONS" and "Origin" in headers and "Access-Control-Request-Method" in headers:
             self._answer_preflight()
             return
-        _authorize(self, query=self.query_key)  # type: ignore[arg-type]
+        _authorize(self, query=self.query_key)
 
     def _answer_preflight(self) -> None:
         defined = [m for m in self.SUPPORTED_METHODS if _defines(type(self), m.lower())]
-        self.set_status(204)  # type: ignore[attr-defined]
-        self.set_header("Access-Control-Allow-Methods", ", ".join([*defined, "OPTIONS"]))  # type: ignore[attr-defined]
-        self.set_header("Access-Control-Allow-Headers", ALLOW_HEADERS)  # type: ignore[attr-defined]
-        self.set_header("Access-Control-Max-Age", "600")  # type: ignore[attr-defined]
-        self.finish()  # type: ignore[attr-defined]
+        self.set_status(204)
+        self.set_header("Access-Control-Allow-Methods", ", ".join([*defined, "OPTIONS"]))
+        self.set_header("Access-Control-Allow-Headers", ALLOW_HEADERS)
+        self.set_header("Access-Control-Max-Age", "600")
+        self.finish()
 
 
 def _defines(cls: type, method: str) -> bool:
