@@ -104,13 +104,16 @@ def make_app(service: Service, policy: BrowserPolicy | None = None) -> web.Appli
         service: The server's state.
         policy: Its ``Host`` and ``Origin`` rules (default: bound to loopback, lists from the environment).
     """
-    # pings find clients that vanished without closing, so their log subscriptions end
+    rules = routes.build("/", StandaloneHandler, StandaloneWebSocketHandler)
     settings: dict[str, Any] = {
         SETTINGS_KEY: service,
         POLICY_KEY: policy or BrowserPolicy.create(["127.0.0.1"]),
+        # pings find clients that vanished without closing, so their log subscriptions end
         "websocket_ping_interval": 30,
+        # the JSON 404 of the last rule, also for a request target no rule can match ("GET http://x/ HTTP/1.1")
+        "default_handler_class": rules[-1][1],
     }
-    return web.Application(routes.build("/", StandaloneHandler, StandaloneWebSocketHandler), **settings)
+    return web.Application(rules, **settings)
 
 
 def _wait_for_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:

@@ -118,6 +118,11 @@ async def test_a_request_without_host_is_refused(keyless: Standalone) -> None:
     for request in (b"GET /api/v1/models HTTP/1.0\r\n\r\n", b"GET /live HTTP/1.0\r\nConnection: close\r\n\r\n"):
         status, body = await asyncio.to_thread(_raw_request, keyless.port, request)
         assert status == 403 and body["error"]["code"] == "forbidden_host", body  # type: ignore[index]
+    # a target in absolute form names no route: still the JSON answers, the Host check first
+    absolute = b"GET http://evil.example/api/v1/models HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n"
+    for host, expected in ((b"evil.example", (403, "forbidden_host")), (b"127.0.0.1", (404, "not_found"))):
+        status, body = await asyncio.to_thread(_raw_request, keyless.port, absolute % host)
+        assert (status, body["error"]["code"]) == expected, body  # type: ignore[index]
 
 
 @pytest.mark.parametrize(
