@@ -4,8 +4,8 @@ Every later step (validation, the sidecar's own ``json.dumps``, grammar building
 walks the parsed value recursively or encodes its strings as UTF-8, so both are settled here,
 once, before any of them runs: a body of a few thousand ``[`` answers 400 ``invalid_json``
 rather than a ``RecursionError`` somewhere deep, and so does a lone surrogate (``"\\ud800"``),
-which no UTF-8 encoder takes. Bytes must be UTF-8 (RFC 8259); ``NaN``, ``Infinity`` and numbers
-that overflow to them are not JSON and are refused too.
+which no UTF-8 encoder takes. Bytes must be UTF-8 (RFC 8259); ``NaN`` and ``Infinity`` are not JSON
+and are refused too, and numbers that overflow to them are refused as ``invalid_argument``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any
 
-from lemonkit.errors import InvalidJSON
+from lemonkit.errors import InvalidArgument, InvalidJSON
 
 __all__ = ["MAX_DEPTH", "parse_json"]
 
@@ -29,7 +29,8 @@ def _constant(name: str) -> Any:
 def _float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise InvalidJSON(f"the number {text[:40]} is out of range")
+        # JSON, but no field takes it: the same answer as a schema's range check
+        raise InvalidArgument(f"the number {text[:40]} is out of range")
     return value
 
 
@@ -76,12 +77,15 @@ def parse_json(raw: bytes | str, what: str = "body") -> Any:
 
     Raises:
         InvalidJSON: It is not strict UTF-8 JSON, or nests too deep.
+        InvalidArgument: A number overflows a float.
     """
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         value = json.loads(text, parse_constant=_constant, parse_float=_float)
     except InvalidJSON as exc:
         raise InvalidJSON(f"The {what} is not valid JSON: {exc.message}") from None
+    except InvalidArgument:
+        raise
     except RecursionError:
         raise _too_deep(what) from None
     except UnicodeDecodeError:
