@@ -63,6 +63,18 @@ def _parser() -> argparse.ArgumentParser:
             help="lemonkit logs at info by default and libraries (httpx, tornado, uvicorn) at warning; "
             "a level given here applies to both",
         )
+        cmd.add_argument(
+            "--allowed-hosts",
+            metavar="NAMES",
+            help="Host names accepted besides localhost and IP literals, comma-separated ('.example.com' for a "
+            "domain, '*' for any: unsafe); default $LEMONKIT_ALLOWED_HOSTS",
+        )
+        cmd.add_argument(
+            "--allowed-origins",
+            metavar="ORIGINS",
+            help="web page origins (http://host:port) allowed to call the API, with CORS, comma-separated; "
+            "default $LEMONKIT_ALLOWED_ORIGINS",
+        )
     serve = sub.choices["serve"]
     serve.add_argument("--load", metavar="MODEL", help="load this model before serving")
     # lemonkit.client's embedded server: announces its port on stdout, exits when its stdin closes
@@ -130,6 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
     from lemonkit.server.standalone import serve
 
     settings = Settings()
+    browsers = {"allowed_hosts": args.allowed_hosts, "allowed_origins": args.allowed_origins}
     if args.command == "serve":
         _configure_logging(args.log_level)
         announce = _announce if args.embedded else None
@@ -140,6 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
             preload=args.load,
             ready=announce,
             until_stdin_closes=args.embedded,
+            **browsers,
         )
         asyncio.run(coroutine)
         return 0
@@ -148,7 +162,9 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"lemonkit run: the server's log is in {path}", file=sys.stderr, flush=True)
     demo = _Demo(args.model, args.prompt, settings.api_key, args.host)
     try:
-        asyncio.run(serve(host=args.host, port=args.port, settings=settings, preload=args.model, ready=demo.start))
+        asyncio.run(
+            serve(host=args.host, port=args.port, settings=settings, preload=args.model, ready=demo.start, **browsers)
+        )
     except KeyboardInterrupt:
         pass  # Ctrl-C, or the demo stopping the server
     if demo.error is not None:

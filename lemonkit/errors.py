@@ -14,6 +14,9 @@ __all__ = [
     "BackendUnsupported",
     "DownloadError",
     "DownloadStopped",
+    "Forbidden",
+    "ForbiddenHost",
+    "ForbiddenOrigin",
     "InstallError",
     "InvalidArgument",
     "InvalidJSON",
@@ -96,6 +99,26 @@ class Unauthorized(LemonkitError, PermissionError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class Forbidden(LemonkitError, PermissionError):
+    """The request is refused whatever its credentials (where it comes from, not who sends it)."""
+
+    status = 403
+    type = "permission_error"
+    code = "forbidden"
+
+
+class ForbiddenHost(Forbidden):
+    """The ``Host`` header names no address of this server (a DNS-rebinding page, or a missing name)."""
+
+    code = "forbidden_host"
+
+
+class ForbiddenOrigin(Forbidden):
+    """A browser page of another origin, not in the server's allowed origins, sent the request."""
+
+    code = "forbidden_origin"
 
 
 class NotFound(LemonkitError, LookupError):
@@ -181,7 +204,7 @@ def error_from_body(status: int | None, body: Any, text: str = "") -> LemonkitEr
     by_code = [c for c in _classes(LemonkitError) if c.code == code]
     cls = next((c for c in by_code if status in (None, c.status)), None)
     if cls is None:
-        cls = {400: InvalidRequest, 401: Unauthorized, 404: NotFound}.get(status or 0, LemonkitError)
+        cls = {400: InvalidRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound}.get(status or 0, LemonkitError)
     exc = cls(str(error.get("message")), status=status, code=code)
     if isinstance(error.get("type"), str):
         exc.type = error["type"]

@@ -23,7 +23,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CAPACITY", "STORE", "LogStore", "StoreHandler", "capture", "install", "read_lines"]
+__all__ = [
+    "CAPACITY",
+    "STORE",
+    "LogStore",
+    "RedactSecrets",
+    "StoreHandler",
+    "capture",
+    "install",
+    "read_lines",
+    "redact",
+    "redact_logs",
+]
 
 #: entries kept (the spec's backlog size)
 CAPACITY = 5000
@@ -36,6 +47,36 @@ _LEVEL_WORD = re.compile(r"^\W{0,2}(trace|debug|info|warn(?:ing)?|error|critical
 _WORD_SEVERITY = {"trace": "Trace", "debug": "Debug", "info": "Info", "warn": "Warning", "warning": "Warning"}
 _WORD_SEVERITY |= {"error": "Error", "critical": "Fatal", "fatal": "Fatal"}
 _NEWLINES = re.compile(rb"\r\n|\r|\n")
+#: query parameters that carry a credential (``?api_key=`` of the standalone WebSocket, Jupyter's ``?token=``)
+_SECRET_PARAM = re.compile(r"([?&;](?:api_key|token)=)[^&;#\s\"'<>]*", re.I)
+
+
+def redact(text: str) -> str:
+    """``text`` with the value of every credential query parameter replaced by ``[redacted]``."""
+    return _SECRET_PARAM.sub(r"\1[redacted]", text)
+
+
+class RedactSecrets(logging.Filter):
+    """A handler filter that redacts credentials from each record's message (the access log's URIs)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+#: the loggers that write request URIs (Tornado's access and error logs)
+_URI_LOGGERS = ("tornado.access", "tornado.application", "tornado.general")
+
+
+def redact_logs() -> None:
+    """Put :class:`RedactSecrets` (once) on the loggers that write request URIs, so every handler gets their
+    records redacted, and on the root's handlers for whatever else reaches them."""
+    for filterer in [*(logging.getLogger(name) for name in _URI_LOGGERS), *logging.getLogger().handlers]:
+        if not any(isinstance(f, RedactSecrets) for f in filterer.filters):
+            filterer.addFilter(RedactSecrets())
 
 
 def severity_of(levelno: int) -> str:
@@ -74,7 +115,8 @@ class LogStore:
         return self._seq
 
     def add(self, severity: str, tag: str, message: str, created: float | None = None) -> dict[str, Any]:
-        """Append one entry (from any thread) and wake every subscriber; returns the entry."""
+        """Append one entry (from any thread), credentials redacted, and wake every subscriber; returns the entry."""
+        message = redact(message)
         timestamp = _timestamp(time.time() if created is None else created)
         with self._lock:
             self._seq += 1

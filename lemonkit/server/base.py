@@ -21,6 +21,7 @@ from tornado.iostream import StreamClosedError
 
 from lemonkit import schemas
 from lemonkit.errors import BackendError, InvalidJSON, InvalidRequest, LemonkitError, NotFound
+from lemonkit.server.bodies import parse_json
 from lemonkit.server.service import SETTINGS_KEY, Service
 
 if TYPE_CHECKING:
@@ -99,22 +100,17 @@ class LemonkitHandler(_Base):
         """The request body, parsed and (when the handler names a schema) validated.
 
         Raises:
-            InvalidJSON: The body is not a JSON object.
+            InvalidJSON: The body is not a JSON object (or nests too deep).
             MissingArgument, InvalidArgument: The schema refused it.
         """
         raw = self.request.body
         if optional and not raw.strip():
             body: Any = {}
         else:
-            try:
-                body = json.loads(raw)
-            except (ValueError, UnicodeDecodeError):
-                raise InvalidJSON("The body is not valid JSON") from None
-        if self.schema is not None:
-            return schemas.validate(self.schema, body)
+            body = parse_json(raw)
         if not isinstance(body, dict):
             raise InvalidJSON("The body is not a JSON object")
-        return body
+        return schemas.validate(self.schema, body) if self.schema is not None else body
 
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
@@ -268,7 +264,9 @@ class LemonkitWebSocket(LemonkitHandler, _WebSocketBase):
 
 
 class NotFoundHandler(LemonkitHandler):
-    """Any path under the API that no route serves."""
+    """Any path under the API that no route serves: a 404 once the host's checks (credentials first) passed."""
 
-    def prepare(self) -> None:
+    def _not_found(self, *args: Any, **kwargs: Any) -> None:
         raise NotFound(f"No route for {self.request.method} {self.request.path}")
+
+    get = head = post = put = patch = delete = options = _not_found

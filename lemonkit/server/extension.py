@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from jupyter_server.base.handlers import APIHandler
@@ -29,14 +30,16 @@ class _RequireUser:
     ``allow_unauthenticated_access``."""
 
     current_user: Any
+    check_host: Callable[[], bool]
 
     async def prepare(self) -> None:
         required = getattr(self, "auth_required", True)
         try:
             await super().prepare()  # type: ignore[misc]
         except web.HTTPError as exc:
-            # Jupyter answers a request without credentials 403 (XSRF or login); say what is missing instead
-            if exc.status_code == 403 and required and self.current_user is None:
+            # Jupyter answers a request without credentials 403 (XSRF or login); say what is missing instead,
+            # unless its Host check refused the request (a DNS-rebinding page): that stays a 403
+            if exc.status_code == 403 and required and self.current_user is None and self.check_host():
                 raise Unauthorized(_MISSING) from None
             raise
         if required and self.current_user is None:

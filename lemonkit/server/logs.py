@@ -9,7 +9,6 @@ the store, never the loop or the other subscribers, and no queue grows for it.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from tornado.websocket import WebSocketClosedError
@@ -17,6 +16,7 @@ from tornado.websocket import WebSocketClosedError
 from lemonkit.errors import InvalidArgument, InvalidJSON, LemonkitError
 from lemonkit.logs import STORE
 from lemonkit.server.base import LemonkitWebSocket
+from lemonkit.server.bodies import parse_json
 
 __all__ = ["LogStreamHandler"]
 
@@ -27,10 +27,7 @@ def _parse(message: str | bytes) -> int | None:
     Raises:
         InvalidJSON, InvalidArgument: Any other message.
     """
-    try:
-        msg = json.loads(message)
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidJSON("The message is not valid JSON") from None
+    msg = parse_json(message, "message")
     if not isinstance(msg, dict):
         raise InvalidJSON("The message is not a JSON object")
     if msg.get("type") != "logs.subscribe":

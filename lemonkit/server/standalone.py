@@ -8,19 +8,28 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tornado import web, websocket
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
 
 from lemonkit import records
 from lemonkit.config import DEFAULT_PORT, Settings
 from lemonkit.errors import Unauthorized
+from lemonkit.logs import redact_logs
 from lemonkit.server import routes
+from lemonkit.server.security import ALLOW_HEADERS, POLICY_KEY, BrowserPolicy
 from lemonkit.server.service import SETTINGS_KEY, Service
 
 __all__ = ["StandaloneHandler", "StandaloneWebSocketHandler", "make_app", "serve"]
 
 log = logging.getLogger("lemonkit.server")
+
+if TYPE_CHECKING:
+    _HandlerBase = web.RequestHandler
+else:
+    _HandlerBase = object  # joined to a Tornado handler class by each host base below
 
 
 def _authorize(handler: web.RequestHandler, *, query: bool) -> None:
@@ -37,26 +46,75 @@ def _authorize(handler: web.RequestHandler, *, query: bool) -> None:
         raise Unauthorized(f"A valid API key is required: send {how}")
 
 
-class StandaloneHandler(web.RequestHandler):
-    """Host base: a Bearer ``LEMONADE_API_KEY`` on every route but ``/live`` when one is set."""
+class _Guard(_HandlerBase):
+    """What both standalone bases check before anything else: the browser policy (``Host``, ``Origin``),
+    then the key (a CORS preflight carries none: it is answered once the policy accepted its origin)."""
+
+    #: whether the key may come as ``?api_key=`` too
+    query_key = False
+
+    def set_default_headers(self) -> None:
+        # runs again on clear(), so error answers keep these too
+        origin = self.request.headers.get("Origin")
+        if origin is None:
+            return
+        self.set_header("Vary", "Origin")
+        if self.settings[POLICY_KEY].origin_allowed(origin):
+            self.set_header("Access-Control-Allow-Origin", origin)
 
     def prepare(self) -> None:
-        _authorize(self, query=False)
+        self.settings[POLICY_KEY].check(self.request)
+        headers = self.request.headers
+        if self.request.method == "OPTIONS" and "Origin" in headers and "Access-Control-Request-Method" in headers:
+            self._answer_preflight()
+            return
+        _authorize(self, query=self.query_key)
+
+    def _answer_preflight(self) -> None:
+        defined = [m for m in self.SUPPORTED_METHODS if _defines(type(self), m.lower())]
+        self.set_status(204)
+        self.set_header("Access-Control-Allow-Methods", ", ".join([*defined, "OPTIONS"]))
+        self.set_header("Access-Control-Allow-Headers", ALLOW_HEADERS)
+        self.set_header("Access-Control-Max-Age", "600")
+        self.finish()
 
 
-class StandaloneWebSocketHandler(websocket.WebSocketHandler):
+def _defines(cls: type, method: str) -> bool:
+    return method != "options" and getattr(cls, method, None) is not getattr(web.RequestHandler, method, None)
+
+
+class StandaloneHandler(_Guard, web.RequestHandler):
+    """Host base: the browser policy on every route, and a Bearer ``LEMONADE_API_KEY`` on every route but
+    ``/live`` when one is set."""
+
+
+class StandaloneWebSocketHandler(_Guard, websocket.WebSocketHandler):
     """Host base of the WebSocket routes: the key may also come as ``?api_key=`` (browsers cannot set a
-    WebSocket's headers). Checked in ``prepare``, so a refused client gets a 401 and no upgrade."""
+    WebSocket's headers). Checked in ``prepare``, so a refused client gets a JSON 401 or 403 and no upgrade."""
 
-    def prepare(self) -> None:
-        _authorize(self, query=True)
+    query_key = True
+
+    def check_origin(self, origin: str) -> bool:
+        return True  # prepare() applied the browser policy, which allows more than Tornado's same-host rule
 
 
-def make_app(service: Service) -> web.Application:
-    """The Tornado application serving every lemonkit route at the root."""
-    # pings find clients that vanished without closing, so their log subscriptions end
-    settings: dict[str, Any] = {SETTINGS_KEY: service, "websocket_ping_interval": 30}
-    return web.Application(routes.build("/", StandaloneHandler, StandaloneWebSocketHandler), **settings)
+def make_app(service: Service, policy: BrowserPolicy | None = None) -> web.Application:
+    """The Tornado application serving every lemonkit route at the root.
+
+    Args:
+        service: The server's state.
+        policy: Its ``Host`` and ``Origin`` rules (default: bound to loopback, lists from the environment).
+    """
+    rules = routes.build("/", StandaloneHandler, StandaloneWebSocketHandler)
+    settings: dict[str, Any] = {
+        SETTINGS_KEY: service,
+        POLICY_KEY: policy or BrowserPolicy.create(["127.0.0.1"]),
+        # pings find clients that vanished without closing, so their log subscriptions end
+        "websocket_ping_interval": 30,
+        # the JSON 404 of the last rule, also for a request target no rule can match ("GET http://x/ HTTP/1.1")
+        "default_handler_class": rules[-1][1],
+    }
+    return web.Application(rules, **settings)
 
 
 def _wait_for_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
@@ -73,6 +131,8 @@ async def serve(
     preload: str | None = None,
     ready: Any = None,
     until_stdin_closes: bool = False,
+    allowed_hosts: str | list[str] | None = None,
+    allowed_origins: str | list[str] | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then unload every model.
 
@@ -83,10 +143,28 @@ async def serve(
         preload: A model to load before announcing readiness.
         ready: Called with the bound port once the server accepts requests.
         until_stdin_closes: Also stop when stdin reaches its end: an embedded server dies with its parent.
+        allowed_hosts: ``Host`` names accepted besides this server's own (default: ``$LEMONKIT_ALLOWED_HOSTS``);
+            see :mod:`lemonkit.server.security`.
+        allowed_origins: Web page origins accepted, with CORS (default: ``$LEMONKIT_ALLOWED_ORIGINS``).
+
+    Raises:
+        ValueError: An allowed origin is malformed.
     """
+    redact_logs()  # ?api_key= must not reach a log line, through any handler the CLI configured
+    sockets = bind_sockets(port, address=host or None)
+    addresses = [sock.getsockname()[0] for sock in sockets]
+    try:
+        policy = BrowserPolicy.create([host, *addresses], allowed_hosts, allowed_origins)
+    except ValueError:
+        for sock in sockets:
+            sock.close()
+        raise
     service = Service(settings)
-    server = make_app(service).listen(port, address=host)
-    bound = next(iter(server._sockets.values())).getsockname()[1]
+    server = HTTPServer(make_app(service, policy))
+    server.add_sockets(sockets)
+    bound = sockets[0].getsockname()[1]
+    for warning in policy.warnings(service.settings.api_key):
+        log.warning("%s", warning)
     if preload:
         await service.manager.load((await service.usable(preload)).id)
     kind = "embedded" if until_stdin_closes else "standalone"

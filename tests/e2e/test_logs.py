@@ -155,6 +155,8 @@ async def test_reconnect_with_after_seq_gets_only_newer_entries(host: Host) -> N
         ('{"type": "logs.subscribe", "after_seq": "3"}', "invalid_argument"),
         ('{"type": "logs.subscribe", "after_seq": true}', "invalid_argument"),
         ('{"type": "logs.subscribe", "after_seq": 2.5}', "invalid_argument"),
+        ("[" * 5000 + "]" * 5000, "invalid_json"),
+        ('{"type": "logs.subscribe", "after_seq": ' + "[" * 3000 + "]" * 3000 + "}", "invalid_json"),
     ],
 )
 async def test_bad_message_is_an_error_message(host: Host, message: str, code: str) -> None:
@@ -196,7 +198,8 @@ async def test_cross_origin_upgrades(host: Host) -> None:
     else:
         with pytest.raises(HTTPClientError) as refused:
             await websocket_connect(evil)
-        assert refused.value.code == 403
+        assert refused.value.code == 403 and refused.value.response is not None
+        assert json.loads(refused.value.response.body)["error"]["code"] == "forbidden_origin"
     root = urlsplit(host.root)
     same = HTTPRequest(_url(host), headers={**host.headers, "Origin": f"{root.scheme}://{root.netloc}"})
     (await websocket_connect(same)).close()
