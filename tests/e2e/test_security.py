@@ -273,7 +273,16 @@ async def test_jupyter_refuses_a_cookie_post_without_xsrf(jupyter_host: Host) ->
 # -- no key in any log line ----------------------------------------------------------------------------------------
 
 
-async def test_api_key_in_the_query_is_never_logged(standalone: Standalone) -> None:
+@pytest.fixture
+def logged() -> Iterator[Standalone]:
+    """A keyed server that logs each request (access lines are at info, below the default level)."""
+    server = Standalone({"LEMONADE_API_KEY": API_KEY}, args=("--log-level", "info"))
+    yield server
+    server.stop()
+
+
+async def test_api_key_in_the_query_is_never_logged(logged: Standalone) -> None:
+    standalone = logged
     wrong = "wrong-secret-7f3a9c"
     ws = standalone.root.replace("http://", "ws://", 1) + "logs/stream"
     stream = await websocket_connect(f"{ws}?api_key={API_KEY}")
