@@ -16,10 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from lemonkit.backends.llamacpp import (
-    LlamaCppEngine,
-    parse_llamacpp_args,
-)
+from lemonkit.backends.llamacpp import LlamaCppEngine
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotApplicable, NotEmbeddingModel
 from lemonkit.testing.tiny_gguf import (
     png_data_url,
@@ -153,34 +150,6 @@ def streamed_calls(chunks: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 # --------------------------------------------------------------------------- load options
 
 
-def test_parse_llamacpp_args():
-    args = parse_llamacpp_args("--flash-attn off --no-mmap -t 4 -b 256 --temp 0.7 --top-k=20 -ctk q8_0 -np 2 -fa")
-    assert args == {
-        "flash_attn": True,
-        "use_mmap": False,
-        "n_threads": 4,
-        "n_batch": 256,
-        "temperature": 0.7,
-        "top_k": 20,
-        "type_k": 8,
-    }
-    assert parse_llamacpp_args("") == {}
-    assert parse_llamacpp_args("-fa auto --seed 5")["seed"] == 5
-    for bad in (
-        "--frobnicate",
-        "-t",
-        "-t four",
-        "--ctx-size 512",
-        "-m x.gguf",
-        "--mmproj a",
-        "-fa sometimes",
-        "--cache-type-k q9",
-        "'unclosed",
-    ):
-        with pytest.raises(InvalidArgument):
-            parse_llamacpp_args(bad)
-
-
 def test_info_defaults(engine: LlamaCppEngine):
     info = engine.info()
     assert info["ctx_size"] == 4096 and info["n_ctx_train"] == 4096  # trained context, capped at 4096
@@ -234,9 +203,9 @@ def test_mmproj_that_does_not_load_is_a_load_error(tiny_path: Path, tmp_path: Pa
 
 
 def test_image_urls_must_be_base64_data_urls():
-    from lemonkit.backends.llamacpp import _decode_data_url
+    from lemonkit.backends.llamacpp.vision import decode_data_url
 
-    assert _decode_data_url("data:image/png;base64,aGVsbG8=") == b"hello"
+    assert decode_data_url("data:image/png;base64,aGVsbG8=") == b"hello"
     for bad in (
         "https://example.com/cat.png",
         "data:image/png,raw",
@@ -245,7 +214,7 @@ def test_image_urls_must_be_base64_data_urls():
         "file:///etc/passwd",
     ):
         with pytest.raises(InvalidArgument):
-            _decode_data_url(bad)
+            decode_data_url(bad)
 
 
 def test_builtin_chat_format_by_name(tiny_path: Path):
@@ -568,7 +537,7 @@ def _fake_generation(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch, pi
             yield piece, None
         run.finish_reason = "stop"
 
-    monkeypatch.setattr(engine, "_generate", fake)
+    monkeypatch.setattr(engine._gen, "generate", fake)
 
 
 MODEL_SAYS = [
