@@ -552,6 +552,19 @@ MODEL_SAYS = [
 ]
 
 
+def test_response_format_answer_is_content_verbatim(thinker: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch):
+    # JSON strings may spell a think tag or a tool call: under a response_format grammar nothing is parsed out
+    said = ['{"note": "<thi', "nk>hmm</think> ", ' <tool_call>{\\"name\\": 1}</tool_call>"}']
+    _fake_generation(thinker, monkeypatch, said)
+    for response_format in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": {}}}):
+        r = chat(thinker, response_format=response_format, tools=TOOLS)
+        msg = r["choices"][0]["message"]
+        assert msg["content"] == "".join(said) and "reasoning_content" not in msg and "tool_calls" not in msg
+        assert json.loads(msg["content"])["note"].startswith("<think>")
+        chunks = chat_stream(thinker, response_format=response_format)
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "".join(said)
+
+
 def test_auto_tool_calls_parsed_non_streaming(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch):
     _fake_generation(engine, monkeypatch, MODEL_SAYS)
     r = chat(engine, tools=TOOLS)

@@ -332,9 +332,9 @@ class LlamaCppEngine:
         job = self._sampling.job(body, tokens, n_probs=n_probs, prompt=prompt, extra_stops=extra_stops, grammar=grammar)
         job.images = [decode_data_url(url) for url in images or []]
         in_reasoning = grammar is None and prompt_opens_thinking(prompt)
-        if mode == "auto" and grammar is not None:
-            mode = "plain"  # a response_format grammar leaves no room for tool-call markup
-        return job, ChatPlan(mode=mode, tools=tools if mode != "plain" else None, in_reasoning=in_reasoning)
+        if grammar is not None and mode != "forced":
+            mode = "json"  # the response_format grammar shaped the whole answer: no tags, no tool-call markup
+        return job, ChatPlan(mode=mode, tools=tools if mode in ("auto", "forced") else None, in_reasoning=in_reasoning)
 
     def _render(
         self, raw_messages: Any, tools: ToolSpec | None, enable_thinking: bool | None, images: list[str] | None

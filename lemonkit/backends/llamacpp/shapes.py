@@ -106,7 +106,7 @@ def completion_id(prefix: str) -> str:
 class ChatPlan:
     """How to turn the generated text of a chat request into a message."""
 
-    mode: str  # "plain" | "auto" (parse tool calls) | "forced" (grammar-constrained call)
+    mode: str  # "plain" | "auto" (parse tool calls) | "forced" (grammar-constrained call) | "json" (response_format)
     tools: ToolSpec | None
     in_reasoning: bool
 
@@ -130,6 +130,16 @@ def chat_deltas(tokens: Tokens, plan: ChatPlan, run: Run, token_bytes: TokenByte
         yield from _forced_call_deltas(tokens, run, token_bytes)
         return
     pending: list[dict[str, Any]] = []
+    if plan.mode == "json":  # verbatim: a JSON string may hold "<think>" or a tool call's look
+        for text, lp in tokens:
+            if lp is not None:
+                pending.append(_chat_logprob(lp, token_bytes))
+            if text:
+                yield {"content": text}, pending or None
+                pending = []
+        if pending:
+            yield {}, pending
+        return
     parser = StreamParser(
         in_reasoning=plan.in_reasoning, tool_names=plan.tools.names if plan.mode == "auto" and plan.tools else None
     )
