@@ -159,6 +159,8 @@ def test_template_variables_left_undefined_unless_given():
     assert tmpl.render(msgs) == "DEFAULT"
     assert tmpl.render(msgs, enable_thinking=False) == "OFF"
     assert tmpl.render(msgs, enable_thinking=True) == "ON"
+    tools = ChatTemplate("{% if tools is defined %}TOOLS{% else %}NONE{% endif %}")
+    assert tools.render(msgs) == "NONE" and tools.render(msgs, tools=[WEATHER]) == "TOOLS"
 
 
 def test_template_raise_exception_and_strftime():

@@ -1,7 +1,7 @@
 """Chat templates: a GGUF / Hugging Face Jinja template, or one of llama-cpp-python's named formats.
 
-Not llama-cpp-python's ``Jinja2ChatFormatter``: it always passes ``tools`` (None counts as defined to a template's
-``is defined`` test), has no ``loopcontrols`` or ``{% generation %}``, and its ``tojson`` HTML-escapes ``<>&'``.
+Not llama-cpp-python's ``Jinja2ChatFormatter``: it sets ``tools``, ``functions`` and ``tool_choice`` (None when
+absent) on every render, so a template's ``tools is defined`` test always passes; here unset stays undefined.
 """
 
 from __future__ import annotations
