@@ -457,6 +457,29 @@ def test_json_schema_output_validates(engine: LlamaCppEngine):
     jsonschema.validate(json.loads(streamed_content(chunks)), schema)
 
 
+def test_json_schema_bounds_and_escaped_literals(engine: LlamaCppEngine):
+    # integer bounds hold, and constants holding quotes and backslashes make a grammar that parses and writes them
+    schema = {
+        "type": "object",
+        "properties": {
+            "age": {"type": "integer", "minimum": 18, "exclusiveMaximum": 130},
+            "delta": {"type": "integer", "minimum": -3, "maximum": 3},
+            "mark": {"const": 'say "hi" \\o/'},
+            "path": {"enum": ["C:\\tmp", 'a"b']},
+        },
+        "required": ["age", "delta", "mark", "path"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "bounded", "schema": schema}}
+    ages = set()
+    for seed in range(12):
+        r = chat(engine, temperature=1.0, seed=seed, max_tokens=100, response_format=fmt)
+        assert r["choices"][0]["finish_reason"] == "stop"
+        value = json.loads(text_of(r))
+        jsonschema.validate(value, schema)
+        ages.add(value["age"])
+    assert len(ages) > 1  # sampled, not one fixed answer
+
+
 def _check_call(call: dict[str, Any], name: str) -> None:
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"]["name"] == name

@@ -19,7 +19,7 @@ PERSON = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
         "member": {"type": "boolean"},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
     },

@@ -1,13 +1,16 @@
 """GBNF grammars that constrain generation: any JSON object, a JSON schema, ``response_format``, a forced tool call.
 
-Schemas are converted by llama-cpp-python's ``json_schema_to_gbnf`` (a port of llama.cpp's converter).
+Schemas are converted by llama-cpp-python's ``SchemaConverter`` (a port of llama.cpp's converter), with what the port
+lacks or gets wrong put right here: integer bounds, backslashes in literals, strict string characters.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
+from lemonkit.backends.chat.integer_range import integer_bounds, integer_range
 from lemonkit.backends.chat.tools import ToolSpec
 from lemonkit.errors import InvalidArgument
 
@@ -31,11 +34,31 @@ def json_object_grammar() -> str:
     return JSON_GBNF
 
 
-def _schema_grammar(schema: dict[str, Any]) -> str:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+@functools.cache
+def _converter_class() -> Any:
+    from llama_cpp.llama_grammar import RESERVED_NAMES, SchemaConverter
 
+    class Converter(SchemaConverter):
+        def _format_literal(self, literal: str) -> str:
+            # the port escapes quotes, not backslashes: a const or enum holding '"' made a grammar that did not parse
+            return str(super()._format_literal(literal.replace("\\", "\\\\")))
+
+        def visit(self, schema: dict[str, Any], name: str) -> str:
+            bounds = integer_bounds(schema) if isinstance(schema, dict) else None
+            if bounds is None:
+                return str(super().visit(schema, name))
+            rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
+            return str(self._add_rule(rule_name, integer_range(*bounds) + " space"))
+
+    return Converter
+
+
+def _schema_grammar(schema: dict[str, Any]) -> str:
+    converter = _converter_class()(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     try:
-        gbnf = json_schema_to_gbnf(json.dumps(schema))
+        # a copy: resolving rewrites each $ref in place, and the request's tools still reach the prompt
+        converter.visit(converter.resolve_refs(json.loads(json.dumps(schema)), "request"), "")
+        gbnf = str(converter.format_grammar())
     except (AssertionError, KeyError, ValueError, TypeError, RecursionError) as exc:
         raise InvalidArgument(f"unsupported JSON schema: {exc!r}") from exc
     for loose, strict in _TIGHTEN.items():
