@@ -863,6 +863,7 @@ def test_vision_rejects_bad_images(vision: LlamaCppEngine):
 # --------------------------------------------------------------------------- Gemma 3 270M (real weights)
 
 
+@pytest.mark.gemma
 def test_gemma_chat_and_stream_agree(gemma: LlamaCppEngine):
     info = gemma.info()
     assert info["n_ctx_train"] == 32768 and info["ctx_size"] == 4096 and info["chat_template"] == "gemma"
@@ -880,17 +881,20 @@ def test_gemma_chat_and_stream_agree(gemma: LlamaCppEngine):
     assert streamed_content(chat_stream(gemma, **body)) == text_of(r)
 
 
+@pytest.mark.gemma
 def test_unknown_chat_format_is_a_load_error(gemma_path: Path):
     with pytest.raises(ModelLoadError, match="chat_format"):
         LlamaCppEngine({"model_path": str(gemma_path), "type": "llm", "chat_format": "no-such-format"})
 
 
+@pytest.mark.gemma
 def test_gemma_seed(gemma: LlamaCppEngine):
     a = text_of(chat(gemma, temperature=1.0, seed=7, max_tokens=16))
     assert a == text_of(chat(gemma, temperature=1.0, seed=7, max_tokens=16))
     assert a != text_of(chat(gemma, temperature=1.0, seed=8, max_tokens=16))
 
 
+@pytest.mark.gemma
 def test_gemma_json_schema(gemma: LlamaCppEngine):
     schema = {
         "type": "object",
@@ -908,6 +912,7 @@ def test_gemma_json_schema(gemma: LlamaCppEngine):
     jsonschema.validate(json.loads(text_of(r)), schema)
 
 
+@pytest.mark.gemma
 def test_gemma_forced_tool_call(gemma: LlamaCppEngine):
     tools = [
         {
@@ -937,6 +942,7 @@ def test_gemma_forced_tool_call(gemma: LlamaCppEngine):
     assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
 
 
+@pytest.mark.gemma
 def test_gemma_completion(gemma: LlamaCppEngine):
     r = complete(gemma, prompt="The capital of France is", temperature=0, max_tokens=12, stop=["\n"])
     text = r["choices"][0]["text"]
