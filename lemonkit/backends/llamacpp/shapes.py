@@ -1,8 +1,8 @@
 """OpenAI response shapes built from generated tokens: ids, usage and timings, finish reasons, logprobs, chat
 deltas (content / reasoning / tool calls), whole messages and streamed chunks, for chat and text completions.
 
-Everything here consumes the ``(text, logprob)`` pairs of :meth:`lemonkit.backends.llamacpp.generation.Generator.
-generate` and touches no model.
+Everything here consumes the ``(text, logprob)`` pairs a :class:`~lemonkit.backends.llamacpp.generation.Generator`
+yields and touches no model.
 """
 
 from __future__ import annotations
