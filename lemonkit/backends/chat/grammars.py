@@ -1,7 +1,8 @@
 """GBNF grammars that constrain generation: any JSON object, a JSON schema, ``response_format``, a forced tool call.
 
 Schemas are converted by llama-cpp-python's ``SchemaConverter`` (a port of llama.cpp's converter), with what the port
-lacks or gets wrong put right here: integer bounds, backslashes in literals, strict string characters.
+lacks or gets wrong put right here: integer bounds, backslashes in literals, strict string characters. Bounds on
+non-integer numbers are not enforced (llama.cpp's converter does not enforce them either).
 """
 
 from __future__ import annotations
