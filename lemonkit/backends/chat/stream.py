@@ -109,23 +109,15 @@ class StreamParser:
         self._strip_reasoning = in_reasoning
 
     def _emit(self, kind: str, text: str, out: list[Event]) -> None:
+        if self._strip_content if kind == "content" else self._strip_reasoning:
+            text = text.lstrip()
+        if not text:
+            return
         if kind == "content":
-            if self._strip_content:
-                text = text.lstrip()
-                if not text:
-                    return
-                self._strip_content = False
-            if not text:
-                return
+            self._strip_content = False
             self._any_content = True
         else:
-            if self._strip_reasoning:
-                text = text.lstrip()
-                if not text:
-                    return
-                self._strip_reasoning = False
-            if not text:
-                return
+            self._strip_reasoning = False
         if out and out[-1][0] == kind:
             out[-1] = (kind, out[-1][1] + text)
         else:
