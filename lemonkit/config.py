@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lemonkit.errors import InvalidArgument
+from lemonkit.llamacpp_args import parse_llamacpp_args
 from lemonkit.system_info import load_recipes
 
 __all__ = ["DEFAULT_MODEL", "DEFAULT_PORT", "Settings"]
@@ -89,9 +91,6 @@ class Settings:
     def __post_init__(self) -> None:
         if self.llamacpp_args:
             # a bad server-wide string would refuse every load with a message about the request: refuse it here
-            from lemonkit.backends.llamacpp import parse_llamacpp_args
-            from lemonkit.errors import InvalidArgument
-
             try:
                 parse_llamacpp_args(self.llamacpp_args)
             except InvalidArgument as exc:

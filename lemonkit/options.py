@@ -11,11 +11,11 @@ boolean ``merge_args``, which only ``null`` unsets.
 
 Flag strings (``llamacpp_args``) are the exception to "the higher layer wins": with ``merge_args`` true (the
 default) the model's string, from the highest per-model layer that sets one, is merged flag by flag over the
-server's (:func:`lemonkit.backends.llamacpp.merge_llamacpp_args`); with ``merge_args`` false it replaces it.
+server's (:func:`lemonkit.llamacpp_args.merge_llamacpp_args`); with ``merge_args`` false it replaces it.
 
 Nothing here imports an inference library: the engine imports :func:`llamacpp_context_size` from here so the
-server can predict the context a load will get (``resolved_ctx_size``) by the engine's own rule, and the flag
-parser this module borrows from the engine's module imports none either.
+server can predict the context a load will get (``resolved_ctx_size``) by the engine's own rule, and both read
+flag strings with :mod:`lemonkit.llamacpp_args`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from lemonkit import schemas
 from lemonkit.errors import InvalidArgument
+from lemonkit.llamacpp_args import merge_llamacpp_args, parse_llamacpp_args
 
 if TYPE_CHECKING:
     from lemonkit.config import Settings
@@ -141,8 +142,6 @@ def _merge_flags(name: str, server: str, model: str) -> str:
     cannot be merged, so both go through as one string and :func:`check_runnable` refuses it at the load."""
     if name != "llamacpp_args":
         return model  # no flag table to merge by: the model's string replaces the server's
-    from lemonkit.backends.llamacpp import merge_llamacpp_args  # imports no inference library
-
     try:
         return merge_llamacpp_args(server, model)
     except InvalidArgument:
@@ -162,9 +161,6 @@ def check_runnable(options: Mapping[str, Any]) -> None:
                 f"{key} {options[key]!r} is not available on this machine (available: {', '.join(allowed)})"
             )
     if options.get("llamacpp_args"):
-        # The engine's own parser, so what passes here loads (it imports no inference library).
-        from lemonkit.backends.llamacpp import parse_llamacpp_args
-
         parse_llamacpp_args(str(options["llamacpp_args"]))
 
 

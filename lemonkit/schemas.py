@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lemonkit.errors import InvalidArgument, InvalidJSON, MissingArgument
+from lemonkit.llamacpp_args import FORBIDDEN_LLAMACPP_FLAGS
 
 __all__ = ["FORBIDDEN_LLAMACPP_FLAGS", "FORBIDDEN_WHISPERCPP_FLAGS", "ROUTES", "validate"]
 
@@ -227,13 +228,6 @@ class Tagged(Obj):
 
 # -- llama-server / whisper-server argument strings --------------------------------------------
 
-#: Flags lemonkit sets itself (spec: `POST /v1/load`), with llama.cpp's aliases of each.
-# fmt: off
-FORBIDDEN_LLAMACPP_FLAGS = frozenset({
-    "-m", "--model", "--port", "-c", "--ctx-size", "-ngl", "--n-gpu-layers", "--gpu-layers", "--jinja",
-    "-mm", "--mmproj", "--embeddings", "--embedding", "--reranking", "--rerank",
-})
-# fmt: on
 FORBIDDEN_WHISPERCPP_FLAGS = frozenset({"-m", "--model", "--port"})
 
 

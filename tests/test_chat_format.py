@@ -1,4 +1,4 @@
-"""Unit tests for the model-free chat helpers in :mod:`lemonkit.backends.chat_format`."""
+"""Unit tests for the model-free chat helpers in :mod:`lemonkit.backends.chat`."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from lemonkit.backends.chat_format import (
-    JSON_OBJECT_GRAMMAR,
+from lemonkit.backends.chat import (
     ChatTemplate,
     ForcedToolStream,
     StopMatcher,
     StreamParser,
+    json_object_grammar,
     json_schema_grammar,
     merge_system_messages,
     new_call_id,
@@ -159,6 +159,8 @@ def test_template_variables_left_undefined_unless_given():
     assert tmpl.render(msgs) == "DEFAULT"
     assert tmpl.render(msgs, enable_thinking=False) == "OFF"
     assert tmpl.render(msgs, enable_thinking=True) == "ON"
+    tools = ChatTemplate("{% if tools is defined %}TOOLS{% else %}NONE{% endif %}")
+    assert tools.render(msgs) == "NONE" and tools.render(msgs, tools=[WEATHER]) == "TOOLS"
 
 
 def test_template_raise_exception_and_strftime():
@@ -232,7 +234,7 @@ def test_tool_call_grammar_hoists_defs():
 def test_response_format_grammar():
     assert response_format_grammar(None) is None
     assert response_format_grammar({"type": "text"}) is None
-    assert response_format_grammar({"type": "json_object"}) == JSON_OBJECT_GRAMMAR
+    assert response_format_grammar({"type": "json_object"}) == json_object_grammar()
     gbnf = response_format_grammar(
         {
             "type": "json_schema",
@@ -253,10 +255,36 @@ def test_response_format_grammar():
             response_format_grammar(bad)
 
 
+_NEGATED_CLASS = re.compile(r"\[\^((?:\\.|[^\]\\])*)\]")
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {},
+        {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]},
+        {"type": "object", "additionalProperties": {"type": "string", "minLength": 2, "maxLength": 5}},
+        {"type": "object", "properties": {"p": {"type": "string", "pattern": "^a.b$"}}},
+        {
+            "type": "array",
+            "items": {"type": "object", "properties": {"x": {"enum": ["a", 1]}, "y": {"type": "string"}}},
+        },
+    ],
+)
+def test_grammar_strings_hold_no_raw_quote_backslash_or_control_character(schema: dict) -> None:
+    # Every "any character but" class inside a JSON string must exclude what json.loads refuses raw: the converter's
+    # own `char` and a pattern's `.` allow some of it, so they are tightened.
+    for gbnf in (json_schema_grammar(schema), json_object_grammar()):
+        classes = _NEGATED_CLASS.findall(gbnf)
+        assert classes
+        for chars in classes:
+            assert '"' in chars and "\\\\" in chars and "\\x00-\\x1F" in chars, chars
+
+
 def test_json_schema_grammar_rejects_unsupported_schema():
     with pytest.raises(InvalidArgument):
         json_schema_grammar({"type": "no-such-type"})
-    assert json_schema_grammar({}) == JSON_OBJECT_GRAMMAR
+    assert json_schema_grammar({}) == json_object_grammar()
 
 
 def test_new_call_id():

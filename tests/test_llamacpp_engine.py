@@ -16,10 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from lemonkit.backends.llamacpp import (
-    LlamaCppEngine,
-    parse_llamacpp_args,
-)
+from lemonkit.backends.llamacpp import LlamaCppEngine
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotApplicable, NotEmbeddingModel
 from lemonkit.testing.tiny_gguf import (
     png_data_url,
@@ -153,34 +150,6 @@ def streamed_calls(chunks: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 # --------------------------------------------------------------------------- load options
 
 
-def test_parse_llamacpp_args():
-    args = parse_llamacpp_args("--flash-attn off --no-mmap -t 4 -b 256 --temp 0.7 --top-k=20 -ctk q8_0 -np 2 -fa")
-    assert args == {
-        "flash_attn": True,
-        "use_mmap": False,
-        "n_threads": 4,
-        "n_batch": 256,
-        "temperature": 0.7,
-        "top_k": 20,
-        "type_k": 8,
-    }
-    assert parse_llamacpp_args("") == {}
-    assert parse_llamacpp_args("-fa auto --seed 5")["seed"] == 5
-    for bad in (
-        "--frobnicate",
-        "-t",
-        "-t four",
-        "--ctx-size 512",
-        "-m x.gguf",
-        "--mmproj a",
-        "-fa sometimes",
-        "--cache-type-k q9",
-        "'unclosed",
-    ):
-        with pytest.raises(InvalidArgument):
-            parse_llamacpp_args(bad)
-
-
 def test_info_defaults(engine: LlamaCppEngine):
     info = engine.info()
     assert info["ctx_size"] == 4096 and info["n_ctx_train"] == 4096  # trained context, capped at 4096
@@ -234,9 +203,9 @@ def test_mmproj_that_does_not_load_is_a_load_error(tiny_path: Path, tmp_path: Pa
 
 
 def test_image_urls_must_be_base64_data_urls():
-    from lemonkit.backends.llamacpp import _decode_data_url
+    from lemonkit.backends.llamacpp.vision import decode_data_url
 
-    assert _decode_data_url("data:image/png;base64,aGVsbG8=") == b"hello"
+    assert decode_data_url("data:image/png;base64,aGVsbG8=") == b"hello"
     for bad in (
         "https://example.com/cat.png",
         "data:image/png,raw",
@@ -245,7 +214,7 @@ def test_image_urls_must_be_base64_data_urls():
         "file:///etc/passwd",
     ):
         with pytest.raises(InvalidArgument):
-            _decode_data_url(bad)
+            decode_data_url(bad)
 
 
 def test_builtin_chat_format_by_name(tiny_path: Path):
@@ -488,6 +457,29 @@ def test_json_schema_output_validates(engine: LlamaCppEngine):
     jsonschema.validate(json.loads(streamed_content(chunks)), schema)
 
 
+def test_json_schema_bounds_and_escaped_literals(engine: LlamaCppEngine):
+    # integer bounds hold, and constants holding quotes and backslashes make a grammar that parses and writes them
+    schema = {
+        "type": "object",
+        "properties": {
+            "age": {"type": "integer", "minimum": 18, "exclusiveMaximum": 130},
+            "delta": {"type": "integer", "minimum": -3, "maximum": 3},
+            "mark": {"const": 'say "hi" \\o/'},
+            "path": {"enum": ["C:\\tmp", 'a"b']},
+        },
+        "required": ["age", "delta", "mark", "path"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "bounded", "schema": schema}}
+    ages = set()
+    for seed in range(12):
+        r = chat(engine, temperature=1.0, seed=seed, max_tokens=100, response_format=fmt)
+        assert r["choices"][0]["finish_reason"] == "stop"
+        value = json.loads(text_of(r))
+        jsonschema.validate(value, schema)
+        ages.add(value["age"])
+    assert len(ages) > 1  # sampled, not one fixed answer
+
+
 def _check_call(call: dict[str, Any], name: str) -> None:
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"]["name"] == name
@@ -568,7 +560,7 @@ def _fake_generation(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch, pi
             yield piece, None
         run.finish_reason = "stop"
 
-    monkeypatch.setattr(engine, "_generate", fake)
+    monkeypatch.setattr(engine._gen, "generate", fake)
 
 
 MODEL_SAYS = [
@@ -581,6 +573,19 @@ MODEL_SAYS = [
     '"get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>\n<tool_call>',
     '{"name": "get_time", "arguments": {"zone": "UTC", "exact": true}}</tool_call>',
 ]
+
+
+def test_response_format_answer_is_content_verbatim(thinker: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch):
+    # JSON strings may spell a think tag or a tool call: under a response_format grammar nothing is parsed out
+    said = ['{"note": "<thi', "nk>hmm</think> ", ' <tool_call>{\\"name\\": 1}</tool_call>"}']
+    _fake_generation(thinker, monkeypatch, said)
+    for response_format in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"schema": {}}}):
+        r = chat(thinker, response_format=response_format, tools=TOOLS)
+        msg = r["choices"][0]["message"]
+        assert msg["content"] == "".join(said) and "reasoning_content" not in msg and "tool_calls" not in msg
+        assert json.loads(msg["content"])["note"].startswith("<think>")
+        chunks = chat_stream(thinker, response_format=response_format)
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "".join(said)
 
 
 def test_auto_tool_calls_parsed_non_streaming(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch):
@@ -858,6 +863,7 @@ def test_vision_rejects_bad_images(vision: LlamaCppEngine):
 # --------------------------------------------------------------------------- Gemma 3 270M (real weights)
 
 
+@pytest.mark.gemma
 def test_gemma_chat_and_stream_agree(gemma: LlamaCppEngine):
     info = gemma.info()
     assert info["n_ctx_train"] == 32768 and info["ctx_size"] == 4096 and info["chat_template"] == "gemma"
@@ -875,17 +881,20 @@ def test_gemma_chat_and_stream_agree(gemma: LlamaCppEngine):
     assert streamed_content(chat_stream(gemma, **body)) == text_of(r)
 
 
+@pytest.mark.gemma
 def test_unknown_chat_format_is_a_load_error(gemma_path: Path):
     with pytest.raises(ModelLoadError, match="chat_format"):
         LlamaCppEngine({"model_path": str(gemma_path), "type": "llm", "chat_format": "no-such-format"})
 
 
+@pytest.mark.gemma
 def test_gemma_seed(gemma: LlamaCppEngine):
     a = text_of(chat(gemma, temperature=1.0, seed=7, max_tokens=16))
     assert a == text_of(chat(gemma, temperature=1.0, seed=7, max_tokens=16))
     assert a != text_of(chat(gemma, temperature=1.0, seed=8, max_tokens=16))
 
 
+@pytest.mark.gemma
 def test_gemma_json_schema(gemma: LlamaCppEngine):
     schema = {
         "type": "object",
@@ -903,6 +912,7 @@ def test_gemma_json_schema(gemma: LlamaCppEngine):
     jsonschema.validate(json.loads(text_of(r)), schema)
 
 
+@pytest.mark.gemma
 def test_gemma_forced_tool_call(gemma: LlamaCppEngine):
     tools = [
         {
@@ -932,6 +942,7 @@ def test_gemma_forced_tool_call(gemma: LlamaCppEngine):
     assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
 
 
+@pytest.mark.gemma
 def test_gemma_completion(gemma: LlamaCppEngine):
     r = complete(gemma, prompt="The capital of France is", temperature=0, max_tokens=12, stop=["\n"])
     text = r["choices"][0]["text"]

@@ -97,7 +97,7 @@ def test_merge_args_merges_per_flag(tmp_path: Path, model_args: str, merged: str
         # the model's string is its highest layer's, whole: only the server's string merges under it
         resolved = resolve_options(_info(**row), settings, saved, request)
         assert resolved.effective["llamacpp_args"] == merged and resolved.effective["merge_args"] is True
-    from lemonkit.backends.llamacpp import parse_llamacpp_args
+    from lemonkit.llamacpp_args import parse_llamacpp_args
 
     # what the engine makes of the merged string is what the server's then the model's flags make
     assert parse_llamacpp_args(merged) == parse_llamacpp_args(f"{SERVER_ARGS} {model_args}")

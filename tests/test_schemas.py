@@ -418,7 +418,7 @@ def test_spec_forbidden_list_is_covered() -> None:
     assert spec | aliases <= FORBIDDEN_LLAMACPP_FLAGS
 
 
-@pytest.mark.parametrize("args", ["--no-mmap -np 2", "--temp=0.5 --ctx-checkpoints 4", "--model-draft d.gguf", "-cb"])
+@pytest.mark.parametrize("args", ["--no-mmap -np 2", "--temp=0.5 --ctx-checkpoints 4", "--spec-draft-n-max 3", "-cb"])
 def test_allowed_llamacpp_args(args: str) -> None:
     validate("load", {"model_name": "m", "llamacpp_args": args})
 

@@ -1,4 +1,8 @@
-"""Engine adapters, one module per recipe, and the sidecar that hosts them.
+"""Engine adapters, one module or package per recipe (``llamacpp``), and the sidecar that hosts them.
+
+:mod:`~lemonkit.backends.base` is the sidecar-engine protocol, :mod:`~lemonkit.backends.sidecar` the process that
+hosts one engine, :mod:`~lemonkit.backends.transport` the server's side of the hop to it, and
+:mod:`~lemonkit.backends.chat` the model-free chat formatting LLM engines share.
 
 Adapters import their engine lazily: the server process never imports an
 inference library, only the sidecar does.

@@ -2,10 +2,43 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import jsonschema
 import pytest
 from conftest import GEMMA, Host
 
 pytestmark = pytest.mark.gemma
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current time in a time zone",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 30}, "hours24": {"type": "boolean"}},
+            "required": ["zone", "hours24"],
+        },
+    },
+}
+TOOLS = {"get_weather": WEATHER, "get_time": CLOCK}
 
 
 async def test_gemma_completion_is_real_text(host: Host) -> None:
@@ -34,3 +67,40 @@ async def test_gemma_chat_and_stream(host: Host) -> None:
     chunks = [c async for c in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "stream"),
+    [("required", False), ({"type": "function", "function": {"name": "get_time"}}, True)],
+    ids=["required", "named-streamed"],
+)
+async def test_gemma_forced_tool_call(host: Host, tool_choice: Any, stream: bool) -> None:
+    # Gemma's chat template knows no tools: they reach it as a system prompt, and a grammar forces the call.
+    client = host.openai()
+    kwargs: dict[str, Any] = dict(
+        model=GEMMA,
+        messages=[{"role": "user", "content": "What's the weather in Paris right now?"}],
+        tools=[WEATHER, CLOCK],
+        tool_choice=tool_choice,
+        max_tokens=96,
+        temperature=0,
+    )
+    if stream:
+        chunks = [c async for c in await client.chat.completions.create(stream=True, **kwargs)]
+        parts = [p for c in chunks if c.choices for p in c.choices[0].delta.tool_calls or []]
+        assert parts and all(p.index == 0 for p in parts)
+        call_id, name = parts[0].id, parts[0].function.name
+        arguments = "".join(p.function.arguments or "" for p in parts)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        completion = await client.chat.completions.create(**kwargs)
+        choice = completion.choices[0]
+        assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1
+        (call,) = choice.message.tool_calls
+        call_id, name, arguments, finish = call.id, call.function.name, call.function.arguments, choice.finish_reason
+    assert finish == "tool_calls"
+    assert call_id and call_id.startswith("call_")
+    if isinstance(tool_choice, dict):
+        assert name == "get_time"
+    assert name in TOOLS
+    jsonschema.validate(json.loads(arguments), TOOLS[name]["function"]["parameters"])

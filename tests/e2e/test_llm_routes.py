@@ -107,19 +107,6 @@ async def test_tool_choice_required_gives_valid_call(host: Host) -> None:
     assert isinstance(json.loads(call.function.arguments)["city"], str)
 
 
-async def test_json_object_response_parses(host: Host) -> None:
-    client = host.openai()
-    completion = await client.chat.completions.create(
-        model=TINY,
-        messages=[{"role": "user", "content": "json"}],
-        response_format={"type": "json_object"},
-        max_tokens=200,
-        temperature=0,
-    )
-    if completion.choices[0].finish_reason == "stop":
-        assert isinstance(json.loads(completion.choices[0].message.content or ""), dict)
-
-
 async def test_completions(host: Host) -> None:
     client = host.openai()
     result = await client.completions.create(model=TINY, prompt=["one", "two"], max_tokens=4, temperature=0)

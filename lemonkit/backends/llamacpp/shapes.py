@@ -1,0 +1,381 @@
+"""OpenAI response shapes built from generated tokens: ids, usage and timings, finish reasons, logprobs, chat
+deltas (content / reasoning / tool calls), whole messages and streamed chunks, for chat and text completions.
+
+Everything here consumes the ``(text, logprob)`` pairs a :class:`~lemonkit.backends.llamacpp.generation.Generator`
+yields and touches no model.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lemonkit.backends.base import Cancelled
+from lemonkit.backends.chat import ForcedToolStream, StreamParser, ToolSpec, new_call_id
+
+if TYPE_CHECKING:
+    from lemonkit.backends.llamacpp.generation import Job, Logprob
+
+__all__ = [
+    "ChatPlan",
+    "Run",
+    "chat_deltas",
+    "chat_message",
+    "chat_stream",
+    "completion",
+    "completion_chunks",
+    "completion_id",
+]
+
+#: ``(text, logprob)`` per generated token, as the generator yields them
+Tokens = Iterator[tuple[str, "Logprob | None"]]
+#: a chat delta and the logprobs of the tokens behind it
+Delta = tuple[dict[str, Any], list[dict[str, Any]] | None]
+TokenBytes = Callable[[int], bytes]
+
+
+@dataclass
+class Run:
+    """What one generation measured (filled in as it runs)."""
+
+    t_start: float
+    finish_reason: str = "length"
+    prompt_tokens: int = 0
+    cached: int = 0
+    generated: int = 0
+    prompt_ms: float = 0.0
+    ttft: float = 0.0
+    times: list[float] = field(default_factory=list)
+
+    def timings(self) -> dict[str, Any]:
+        """llama-server's ``timings`` object."""
+        prompt_n = self.prompt_tokens - self.cached
+        predicted_ms = sum(self.times) * 1000.0
+        n = self.generated
+        return {
+            "cache_n": self.cached,
+            "prompt_n": prompt_n,
+            "prompt_ms": self.prompt_ms,
+            "prompt_per_token_ms": self.prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": prompt_n * 1000.0 / self.prompt_ms if self.prompt_ms > 0 else 0.0,
+            "predicted_n": n,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / n if n else 0.0,
+            "predicted_per_second": n * 1000.0 / predicted_ms if predicted_ms > 0 else 0.0,
+        }
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.generated,
+            "total_tokens": self.prompt_tokens + self.generated,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        }
+
+    @property
+    def finish(self) -> str:
+        """The OpenAI ``finish_reason`` (a cancelled run that is still reported stopped)."""
+        return "stop" if self.finish_reason == "cancelled" else self.finish_reason
+
+
+def _add_usage(runs: list[Run]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Usage and timings summed over the runs of a multi-prompt completion."""
+    if len(runs) == 1:
+        return runs[0].usage(), runs[0].timings()
+    total = Run(t_start=runs[0].t_start)
+    for r in runs:
+        total.prompt_tokens += r.prompt_tokens
+        total.cached += r.cached
+        total.generated += r.generated
+        total.prompt_ms += r.prompt_ms
+        total.times.extend(r.times)
+    return total.usage(), total.timings()
+
+
+def completion_id(prefix: str) -> str:
+    return prefix + secrets.token_urlsafe(24).replace("-", "x").replace("_", "y")[:32]
+
+
+# ----------------------------------------------------------------------------- chat
+
+
+@dataclass
+class ChatPlan:
+    """How to turn the generated text of a chat request into a message."""
+
+    mode: str  # "plain" | "auto" (parse tool calls) | "forced" (grammar-constrained call) | "json" (response_format)
+    tools: ToolSpec | None
+    in_reasoning: bool
+
+
+def _chat_logprob(lp: Logprob, token_bytes: TokenBytes) -> dict[str, Any]:
+    _, raw, value, tops = lp
+    return {
+        "token": raw.decode("utf-8", "replace"),
+        "logprob": value,
+        "bytes": list(raw),
+        "top_logprobs": [
+            {"token": b.decode("utf-8", "replace"), "logprob": v, "bytes": list(b)}
+            for b, v in ((token_bytes(i), v) for i, v in tops)
+        ],
+    }
+
+
+def chat_deltas(tokens: Tokens, plan: ChatPlan, run: Run, token_bytes: TokenBytes) -> Iterator[Delta]:
+    """OpenAI ``delta`` dicts for the generated text, with the logprobs of the tokens behind them."""
+    if plan.mode == "forced":
+        yield from _forced_call_deltas(tokens, run, token_bytes)
+        return
+    pending: list[dict[str, Any]] = []
+    if plan.mode == "json":  # verbatim: a JSON string may hold "<think>" or a tool call's look
+        for text, lp in tokens:
+            if lp is not None:
+                pending.append(_chat_logprob(lp, token_bytes))
+            if text:
+                yield {"content": text}, pending or None
+                pending = []
+        if pending:
+            yield {}, pending
+        return
+    parser = StreamParser(
+        in_reasoning=plan.in_reasoning, tool_names=plan.tools.names if plan.mode == "auto" and plan.tools else None
+    )
+    n_calls = 0
+
+    def flush(events: Any) -> Iterator[Delta]:
+        nonlocal n_calls, pending
+        for kind, value in events:
+            if kind == "content":
+                yield {"content": value}, pending or None
+            elif kind == "reasoning":
+                yield {"reasoning_content": value}, pending or None
+            else:
+                yield from _call_deltas(n_calls, value, pending)
+                n_calls += 1
+            pending = []  # each logprob rides on the first delta after its token
+
+    for text, lp in tokens:
+        if lp is not None:
+            pending.append(_chat_logprob(lp, token_bytes))
+        if text:
+            yield from flush(parser.feed(text))
+    yield from flush(parser.finish())
+    if n_calls and run.finish_reason != "cancelled":
+        run.finish_reason = "tool_calls"
+    if pending:
+        yield {}, pending
+
+
+def _forced_call_deltas(tokens: Tokens, run: Run, token_bytes: TokenBytes) -> Iterator[Delta]:
+    """A grammar-forced call streamed as it is generated: the name once complete, then pieces of the arguments."""
+    pending: list[dict[str, Any]] = []
+    forced = ForcedToolStream()
+    call_id = new_call_id()
+    raw: list[str] = []
+    named = False
+    for text, lp in tokens:
+        if lp is not None:
+            pending.append(_chat_logprob(lp, token_bytes))
+        raw.append(text)
+        for kind, value in forced.feed(text):
+            if kind == "tool_name":
+                named = True
+                part = {"index": 0, "id": call_id, "type": "function", "function": {"name": value, "arguments": ""}}
+            else:
+                part = {"index": 0, "function": {"arguments": value}}
+            yield {"tool_calls": [part]}, pending or None
+            pending = []
+    events, call = forced.finish()
+    for _, value in events:
+        yield {"tool_calls": [{"index": 0, "function": {"arguments": value}}]}, pending or None
+        pending = []
+    if call is not None:
+        run.finish_reason = "tool_calls"
+    elif not named and "".join(raw):
+        yield {"content": "".join(raw)}, pending or None  # cut before the name: keep the text
+        pending = []
+    if pending:
+        yield {}, pending
+
+
+def _call_deltas(index: int, call: dict[str, str], lps: list[dict[str, Any]]) -> Iterator[Delta]:
+    """A parsed call as two parts: id and name first, then the arguments."""
+    head = {
+        "index": index,
+        "id": new_call_id(),
+        "type": "function",
+        "function": {"name": call["name"], "arguments": ""},
+    }
+    yield {"tool_calls": [head]}, lps or None
+    yield {"tool_calls": [{"index": index, "function": {"arguments": call["arguments"]}}]}, None
+
+
+def chat_message(base: dict[str, Any], deltas: Iterator[Delta], run: Run, job: Job) -> dict[str, Any]:
+    """The whole ``chat.completion`` answer, assembled from the deltas."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    logprobs: list[dict[str, Any]] = []
+    for delta, lps in deltas:
+        if lps:
+            logprobs.extend(lps)
+        if "content" in delta:
+            content.append(delta["content"])
+        elif "reasoning_content" in delta:
+            reasoning.append(delta["reasoning_content"])
+        elif "tool_calls" in delta:
+            for part in delta["tool_calls"]:
+                call = calls.setdefault(
+                    part["index"], {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                if "id" in part:
+                    call["id"] = part["id"]
+                    call["function"]["name"] = part["function"]["name"]
+                call["function"]["arguments"] += part["function"].get("arguments", "")
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        if not message["content"]:
+            message["content"] = None
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": {"content": logprobs} if job.n_probs is not None else None,
+        "finish_reason": run.finish,
+    }
+    return {**base, "choices": [choice], "usage": run.usage(), "timings": run.timings()}
+
+
+def chat_stream(
+    base: dict[str, Any], deltas: Iterator[Delta], run: Run, job: Job, include_usage: bool, cancelled: Cancelled
+) -> Iterator[dict[str, Any]]:
+    """``chat.completion.chunk`` objects: the role, one per delta, the finish reason, then usage if asked."""
+    want_lp = job.n_probs is not None
+    role = {
+        **base,
+        "choices": [
+            {"index": 0, "delta": {"role": "assistant", "content": None}, "logprobs": None, "finish_reason": None}
+        ],
+    }
+    # The role chunk waits for the prompt to be evaluated: an error found there (context, image)
+    # then still reaches the client as an HTTP error, and the first chunk marks the first token.
+    started = False
+    for delta, lps in deltas:
+        if not started:
+            started = True
+            yield role
+        if not delta and not lps:
+            continue
+        yield {
+            **base,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": {"content": lps} if want_lp and lps else None,
+                    "finish_reason": None,
+                }
+            ],
+        }
+    if run.finish_reason == "cancelled" or cancelled():
+        return  # nobody is listening: no final chunk
+    if not started:
+        yield role
+    last = {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": run.finish}]}
+    if include_usage:
+        yield last
+        last = {**base, "choices": [], "usage": run.usage()}
+    last["timings"] = run.timings()  # llama-server puts timings on the very last chunk
+    yield last
+
+
+# ----------------------------------------------------------------------------- text completions
+
+#: generates one job's tokens, filling its run
+Generate = Callable[["Job", Run], Tokens]
+
+
+def _completion_logprobs(items: list[tuple[Logprob, int]], token_bytes: TokenBytes) -> dict[str, Any]:
+    """OpenAI completions logprobs for ``(lp, text_offset)`` pairs."""
+    tokens, values, tops, offsets = [], [], [], []
+    for (_, raw, value, alts), offset in items:
+        tokens.append(raw.decode("utf-8", "replace"))
+        values.append(value)
+        tops.append({token_bytes(i).decode("utf-8", "replace"): v for i, v in alts})
+        offsets.append(offset)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def completion(
+    base: dict[str, Any], jobs: list[Job], chunks: Iterator[dict[str, Any]], runs: list[Run]
+) -> dict[str, Any]:
+    """The whole ``text_completion``, one choice per job in order, assembled from its :func:`completion_chunks`."""
+    choices = [
+        {
+            "index": i,
+            "text": "",
+            "logprobs": _no_logprobs() if job.n_probs is not None else None,
+            "finish_reason": "stop",
+        }
+        for i, job in enumerate(jobs)
+    ]
+    for chunk in chunks:
+        for part in chunk["choices"]:
+            choice = choices[part["index"]]
+            choice["text"] += part["text"]
+            for key, values in (part["logprobs"] or {}).items():
+                choice["logprobs"][key] += values
+    for choice, run in zip(choices, runs, strict=False):  # fewer runs when the client left: it gets nothing
+        choice["finish_reason"] = run.finish
+    usage, timings = _add_usage(runs)
+    return {**base, "choices": choices, "usage": usage, "timings": timings}
+
+
+def _no_logprobs() -> dict[str, list[Any]]:
+    return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+
+
+def completion_chunks(
+    base: dict[str, Any],
+    jobs: list[Job],
+    echo: bool,
+    t_start: float,
+    generate: Generate,
+    token_bytes: TokenBytes,
+    runs: list[Run],
+    cancelled: Cancelled,
+) -> Iterator[dict[str, Any]]:
+    """The ``text_completion`` chunks of each job in turn; fills ``runs``, one per job started."""
+    for index, job in enumerate(jobs):
+        run = Run(t_start=t_start if index == 0 else time.perf_counter())
+        runs.append(run)
+        want_lp = job.n_probs is not None
+        offset = 0
+        if echo:
+            yield {**base, "choices": [{"index": index, "text": job.prompt, "logprobs": None, "finish_reason": None}]}
+            offset = len(job.prompt)
+        pending: list[tuple[Logprob, int]] = []
+        for text, lp in generate(job, run):
+            if lp is not None:
+                pending.append((lp, offset))
+                offset += len(lp[1].decode("utf-8", "replace"))
+            if not text:
+                continue
+            logprobs = _completion_logprobs(pending, token_bytes) if want_lp else None
+            yield {**base, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}]}
+            pending = []
+        if run.finish_reason == "cancelled" or cancelled():
+            return
+        logprobs = _completion_logprobs(pending, token_bytes) if want_lp and pending else None
+        final: dict[str, Any] = {
+            **base,
+            "choices": [{"index": index, "text": "", "logprobs": logprobs, "finish_reason": run.finish}],
+        }
+        if index == len(jobs) - 1:
+            final["usage"], final["timings"] = _add_usage(runs)
+        yield final

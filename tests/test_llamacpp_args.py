@@ -1,0 +1,73 @@
+"""``llamacpp_args`` strings: the flag table, and the one forbidden-flag list the schema and the engine share."""
+
+from __future__ import annotations
+
+import pytest
+
+from lemonkit import llamacpp_args, schemas
+from lemonkit.errors import InvalidArgument
+from lemonkit.llamacpp_args import FORBIDDEN_LLAMACPP_FLAGS, merge_llamacpp_args, parse_llamacpp_args
+from lemonkit.schemas import validate
+
+
+def test_parse_llamacpp_args():
+    args = parse_llamacpp_args("--flash-attn off --no-mmap -t 4 -b 256 --temp 0.7 --top-k=20 -ctk q8_0 -np 2 -fa")
+    assert args == {
+        "flash_attn": True,
+        "use_mmap": False,
+        "n_threads": 4,
+        "n_batch": 256,
+        "temperature": 0.7,
+        "top_k": 20,
+        "type_k": 8,
+    }
+    assert parse_llamacpp_args("") == {}
+    assert parse_llamacpp_args("-fa auto --seed 5")["seed"] == 5
+    for bad in (
+        "--frobnicate",
+        "-t",
+        "-t four",
+        "--ctx-size 512",
+        "-m x.gguf",
+        "--mmproj a",
+        "-fa sometimes",
+        "--cache-type-k q9",
+        "'unclosed",
+    ):
+        with pytest.raises(InvalidArgument):
+            parse_llamacpp_args(bad)
+
+
+def test_one_forbidden_list() -> None:
+    assert schemas.FORBIDDEN_LLAMACPP_FLAGS is llamacpp_args.FORBIDDEN_LLAMACPP_FLAGS
+    # a forbidden flag is not also one the parser would take
+    known = set(llamacpp_args._VALUE_FLAGS) | set(llamacpp_args._SWITCHES) | {"-fa", "--flash-attn"}
+    assert not FORBIDDEN_LLAMACPP_FLAGS & known
+
+
+@pytest.mark.parametrize("flag", sorted(FORBIDDEN_LLAMACPP_FLAGS))
+def test_schema_and_engine_refuse_the_same_flags(flag: str) -> None:
+    args = f"--no-mmap {flag} x"
+    with pytest.raises(InvalidArgument) as by_schema:
+        validate("load", {"model_name": "m", "llamacpp_args": args})
+    with pytest.raises(InvalidArgument) as by_parser:
+        parse_llamacpp_args(args)
+    with pytest.raises(InvalidArgument) as by_merge:
+        merge_llamacpp_args("-t 2", args)
+    message = f"llamacpp_args: {flag} is not allowed (lemonkit sets it)"
+    assert by_schema.value.message == by_parser.value.message == by_merge.value.message == message
+
+
+@pytest.mark.parametrize("flag", ["--model-draft", "-md", "--spec-draft-model", "--lora", "--chat-template-file"])
+def test_flags_naming_server_files_are_forbidden(flag: str) -> None:
+    # the draft model, like the model and its mmproj, comes from the registry (its `draft` checkpoint), never from a
+    # request: it would name a file on the server
+    assert flag in FORBIDDEN_LLAMACPP_FLAGS
+    with pytest.raises(InvalidArgument, match="is not allowed"):
+        validate("load", {"model_name": "m", "llamacpp_args": f"{flag}=/etc/passwd"})
+
+
+def test_merge_replaces_flags_by_setting() -> None:
+    assert merge_llamacpp_args("--threads 4 --no-mmap", "-t 2") == "--no-mmap -t 2"
+    assert merge_llamacpp_args("--no-mmap -cb", "--mmap -nocb") == "--mmap -nocb"
+    assert merge_llamacpp_args("", "-t 2") == "-t 2" and merge_llamacpp_args("-t 2", "") == "-t 2"
