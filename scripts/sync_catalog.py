@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from lemonkit.hf_cache import atomic_write_text
 
 CATALOG = Path(__file__).resolve().parents[1] / "lemonkit" / "data" / "server_models.json"
 
@@ -130,19 +130,6 @@ def dumps(catalog: Catalog) -> str:
     return fmt(catalog, 0) + "\n"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("lemonade", type=Path, help="Lemonade's server_models.json")
@@ -164,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kept = sum(name not in lemonade for name in merged)
     print(f"{len(lines)} difference(s); {len(lemonade)} Lemonade models, {kept} lemonkit-only kept")
     if lines and args.write:
-        write_atomic(args.catalog, dumps(merged))
+        atomic_write_text(args.catalog, dumps(merged))
         print(f"wrote {args.catalog}")
         return 0
     return 1 if lines else 0
