@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,10 +53,8 @@ def rank_llm(models: dict[str, Path]) -> Llama:
 
 
 @pytest.mark.parametrize("writer", WRITERS, ids=lambda w: w.__name__)
-def test_writing_is_fast_and_deterministic(writer: Writer, tmp_path: Path) -> None:
-    start = time.perf_counter()
+def test_writing_is_deterministic(writer: Writer, tmp_path: Path) -> None:
     first = writer(tmp_path / "sub" / "a.gguf")  # creates missing parent dirs
-    assert time.perf_counter() - start < 0.5
     again = writer(tmp_path / "b.gguf")
     other = writer(tmp_path / "c.gguf", seed=1)
     assert first == tmp_path / "sub" / "a.gguf"
@@ -92,17 +89,16 @@ def test_llama_chat_returns_ascii_text_until_max_tokens(chat_llm: Llama) -> None
     assert result["usage"]["completion_tokens"] == 32
 
 
-def test_llama_stream_matches_non_stream_and_is_fast(chat_llm: Llama) -> None:
+def test_llama_stream_matches_non_stream_and_stays_ascii(chat_llm: Llama) -> None:
     messages = [{"role": "user", "content": "tell me a story"}]
     full = chat_llm.create_chat_completion(messages, max_tokens=64, temperature=0)
-    start = time.perf_counter()
     chunks = list(chat_llm.create_chat_completion(messages, max_tokens=200, temperature=0, stream=True))
-    per_token = (time.perf_counter() - start) / 200
     text = "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
     assert len(chunks) > 10
     assert text.startswith(full["choices"][0]["message"]["content"])
-    # ~0.25 ms/token measured; non-UTF-8 output would cost 12-15 ms/token (margin for a busy machine).
-    assert per_token < 0.006
+    # Byte tokens are zeroed so greedy output stays ASCII: streaming non-UTF-8 output would cost 12-15 ms a token
+    # while llama-cpp-python holds back partial characters (speed itself is measured in benchmarks/, not here).
+    assert text.isascii()
 
 
 def test_llama_template_renders_tools_hermes_style(chat_llm: Llama) -> None:
@@ -173,9 +169,7 @@ def test_rank_prompt_layout_matches_llama_server(rank_llm: Llama) -> None:
 
 def test_rank_scores_many_long_documents_across_batches(rank_llm: Llama) -> None:
     docs = [f"document {i}: " + "some long text about water and people " * (5 + i % 7) for i in range(40)]
-    start = time.perf_counter()
     scores, n_tokens = rank_scores(rank_llm, "water", docs)
-    assert time.perf_counter() - start < 2
     assert n_tokens > 2 * rank_llm.n_batch  # several batches were needed
     assert len(scores) == 40 and all(math.isfinite(s) for s in scores)
     assert len(set(scores)) > 30
