@@ -19,8 +19,6 @@ from lemonkit.widgets.picker import choices
 
 __all__ = ["ChatPanel"]
 
-_REFRESH = 0.05  # seconds between updates of the streaming answer: tokens coalesce, the page keeps up
-
 
 class ChatPanel(Panel):
     """A chat with a model, with a model picker, streaming answers, a stop button, reasoning and history.
@@ -45,11 +43,14 @@ class ChatPanel(Panel):
     partial = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
     streaming = traitlets.Bool(False).tag(sync=True)
     actions: ClassVar[frozenset[str]] = frozenset({"send", "stop", "clear", "refresh_models", "dismiss"})
+    #: seconds between updates of the streaming answer: tokens coalesce, so the page keeps up with a fast model
+    refresh_interval = 0.05
 
     def __init__(self, *, client: Client | None = None, model: str | None = None, **sampling: Any) -> None:
         super().__init__(client=client, model=model or "")
         self.sampling = sampling
         self._stop = threading.Event()
+        self._conversation = 0  # which conversation an answer belongs to: clear() starts a new one
         self.ready = self.refresh_models()
 
     def refresh_models(self) -> Future[None]:
@@ -76,7 +77,7 @@ class ChatPanel(Panel):
             self.streaming = True
             self.messages = [*self.messages, {"role": "user", "content": str(text)}]
             self._stop.clear()
-        return self.background(self._answer)
+            return self.background(self._answer, self._conversation)
 
     def stop(self) -> None:
         """Stop the answer streaming in: the stream closes and the server stops at its next token."""
@@ -84,10 +85,12 @@ class ChatPanel(Panel):
 
     def clear(self) -> None:
         """Forget the conversation (stopping an answer under way)."""
-        self.stop()
-        self.messages = []
+        with self._lock:
+            self.stop()
+            self._conversation += 1
+            self.messages = []
 
-    def _answer(self) -> dict[str, Any]:
+    def _answer(self, conversation: int) -> dict[str, Any]:
         if not self.model:
             self.streaming = False
             raise InvalidRequest("No chat model is downloaded: pull one (lemonkit.ModelBrowser) and refresh")
@@ -110,13 +113,14 @@ class ChatPanel(Panel):
                         reply["finish_reason"] = choice.get("finish_reason") or reply["finish_reason"]
                     if self._stop.is_set():
                         break
-                    if time.monotonic() - shown >= _REFRESH:
+                    if time.monotonic() - shown >= self.refresh_interval:
                         self.partial = {"content": reply["content"], "reasoning": reply["reasoning"]}
                         shown = time.monotonic()
         finally:
             reply["stopped"] = self._stop.is_set()
-            if reply["content"] or reply["reasoning"] or reply["stopped"]:
-                self.messages = [*self.messages, reply]
+            with self._lock:
+                if conversation == self._conversation and (reply["content"] or reply["reasoning"] or reply["stopped"]):
+                    self.messages = [*self.messages, reply]
             self.set_trait("partial", None)
             self.streaming = False
         return reply

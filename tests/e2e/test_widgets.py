@@ -7,8 +7,10 @@ errors in the banners. The page's side is tests/e2e/test_browser.py."""
 from __future__ import annotations
 
 import asyncio
+import zipfile
 from collections.abc import Awaitable
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -28,9 +30,10 @@ from test_pull import (  # noqa: F401  (its fixtures: the hub, and hosts whose p
 import lemonkit
 from lemonkit import Client
 from lemonkit.widgets import ChatPanel, DownloadBar, ModelBrowser
-from lemonkit.widgets.assets import esm
+from lemonkit.widgets.assets import STATIC, esm
 
 T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def done(future: Future[T]) -> Awaitable[T]:
@@ -61,6 +64,17 @@ def test_panels_inline_the_shared_building_blocks() -> None:
     assert lemonkit.ModelBrowser is ModelBrowser and lemonkit.ChatPanel is ChatPanel
     with pytest.raises(AttributeError):
         lemonkit.NoSuchWidget  # noqa: B018
+
+
+def test_the_wheel_ships_the_front_end(tmp_path: Path) -> None:
+    from hatchling.builders.wheel import WheelBuilder
+
+    wheel = next(WheelBuilder(str(REPO)).build(directory=str(tmp_path), versions=["standard"]))
+    shipped = {name for name in zipfile.ZipFile(wheel).namelist() if name.startswith("lemonkit/widgets/static/")}
+    assert shipped == {f"lemonkit/widgets/static/{p.name}" for p in STATIC.iterdir()}
+    assert {"shared.js", "model_browser.js", "chat_panel.js", "download_bar.js", "widgets.css"} <= {
+        p.name for p in STATIC.iterdir()
+    }
 
 
 # -- the model browser -------------------------------------------------------------------------------------------
@@ -232,11 +246,12 @@ async def test_chat_panel_streams_an_answer_into_its_history(host: Host) -> None
     await done(panel.ready)
     assert TINY in panel.models and EMBED not in panel.models  # the picker offers chat models only
     panel.model = TINY
+    panel.refresh_interval = 0  # every token shows (by default they coalesce for 50 ms)
     partials = recorder(panel, "partial")
     answer = await done(panel.send("Say hello."))
     assert answer["content"] and answer["finish_reason"] in ("stop", "length") and not answer["stopped"]
-    shown = [p["content"] for p in partials if p]
-    assert len(shown) >= 2 and all(answer["content"].startswith(s) for s in shown)  # streamed, token by token
+    shown = [p["content"] for p in partials if p and p["content"]]
+    assert len(set(shown)) >= 2 and all(answer["content"].startswith(s) for s in shown)  # streamed, token by token
     assert panel.messages == [{"role": "user", "content": "Say hello."}, answer]
     assert panel.partial is None and not panel.streaming and panel.error is None
     second = await done(panel.send("Again."))  # the history goes with the next question
@@ -252,6 +267,9 @@ async def test_chat_panel_stop_ends_the_generation_on_the_server(host: Host) -> 
     answer = await done(panel.send("Count to a thousand."))
     assert answer["stopped"] and answer["finish_reason"] is None and answer["content"]
     assert panel.messages[-1] == answer and not panel.streaming
+    panel.observe(lambda change: change["new"] and panel.clear(), names="partial")  # clear mid-answer
+    await done(panel.send("Count again."))
+    assert panel.messages == [] and not panel.streaming  # the cut answer does not come back after the clear
     # the engine serves one request at a time: this one starts only once the abandoned one has stopped
     async with host.client() as http:
         body = {"model": TINY, "max_tokens": 3000, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
