@@ -91,9 +91,21 @@ class Notebook:
         """Open the notebook, accepting the kernel dialog a fresh JupyterLab shows."""
         page = self.page
         page.goto(f"{self.server.base}lab/tree/{self.path}?token={self.server.token}")
+        self.wait_open()
+
+    def wait_open(self) -> None:
+        """Wait for the notebook's cells (after :meth:`open` or a reload)."""
+        page = self.page
         page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
-        with contextlib.suppress(Exception):  # recent JupyterLab starts the notebook's kernel without asking
+        with contextlib.suppress(Exception):  # a notebook with a running kernel opens without asking
             page.locator(".jp-Dialog .jp-mod-accept").click(timeout=10_000)
+
+    def save(self) -> None:
+        """Save the notebook (a reloaded page shows what was saved, its widgets rendered from the kernel)."""
+        page = self.page
+        page.locator(".jp-NotebookPanel").first.click(position={"x": 5, "y": 5})
+        page.keyboard.press("Control+s")
+        page.wait_for_selector(".jp-Document.jp-mod-dirty", state="detached", timeout=60_000)
 
     def run_all(self) -> None:
         """Run → Run All Cells (cells queue until the kernel is up)."""

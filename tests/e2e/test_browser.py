@@ -29,6 +29,8 @@ pytestmark = [
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "widgets.ipynb"
 CHAT = "user.browser-chat"  # pulled by the notebook's lemonkit.pull (its DownloadBar), then chatted with
 PULLED = "user.browser-pull"  # pulled by clicking in the model browser
+PLAIN = "tiny-Q4_K_M.gguf"  # the file of the models' Q4_K_M quant in tiny_gguf_repo
+HELD = "293.0 KB"  # how the progress bar shows 300_000 bytes
 TIMEOUT = 120_000  # ms: a kernel start and a model load on 2 busy cores
 
 
@@ -63,7 +65,7 @@ def lab_root(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], HubServer]]
 
 def test_notebook_widgets_in_jupyterlab(lab_root: tuple[Path, dict[str, str], HubServer], tmp_path: Path) -> None:
     assert unavailable() is None, unavailable()
-    root, env, _hub = lab_root
+    root, env, hub = lab_root
     shots = tmp_path / "screenshots"
     print(f"screenshots: {shots}")
     with lab_server(root, env) as server, chromium_page() as page:
@@ -76,7 +78,7 @@ def test_notebook_widgets_in_jupyterlab(lab_root: tuple[Path, dict[str, str], Hu
             check_download_bar(page)
             check_model_browser(page, server)
             notebook.screenshot("model-browser")
-            check_pull_from_the_browser(page)
+            check_pull_from_the_browser(page, notebook, hub)
             notebook.screenshot("pulled")
             check_chat(page)
             notebook.screenshot("chat")
@@ -124,12 +126,26 @@ def check_model_browser(page: Any, server: Any) -> None:
     assert focused == ["Filter by label", "Refresh the model list", f"Pull {PULLED}"], focused
 
 
-def check_pull_from_the_browser(page: Any) -> None:
-    """Clicking Pull shows the download moving, then the row downloaded with a full bar."""
+def check_pull_from_the_browser(page: Any, notebook: Notebook, hub: HubServer) -> None:
+    """Clicking Pull shows the download moving; reloading the tab shows it still going (the state is the kernel's),
+    then the row downloaded with a full bar."""
     row = page.locator(f'.lk-model-browser tr[data-model="{PULLED}"]')
+    hub.hold(at=300_000, path=PLAIN)  # the download waits there until the reloaded page has seen it
     row.get_by_role("button", name=f"Pull {PULLED}").click()
-    row.locator('.lk-progress[data-status="downloading"]').wait_for(timeout=TIMEOUT)
+    bar = row.locator('.lk-progress[data-status="downloading"] [role="progressbar"]')
+    bar.wait_for(timeout=TIMEOUT)
     row.get_by_role("button", name=f"Pause download of {PULLED}").wait_for()  # reachable while it runs
+    page.wait_for_selector(f'.lk-model-browser tr[data-model="{PULLED}"] .lk-progress-text:has-text("{HELD}")')
+    notebook.screenshot("pulling")
+
+    notebook.save()
+    page.reload()
+    notebook.wait_open()
+    row.locator('.lk-progress[data-status="downloading"]').wait_for(timeout=TIMEOUT)  # re-rendered from the kernel
+    assert HELD in row.locator(".lk-progress-text").inner_text()
+    assert row.get_attribute("data-state") == "not downloaded"
+    notebook.screenshot("reloaded")
+    hub.release()
     page.wait_for_selector(
         f'.lk-model-browser tr[data-model="{PULLED}"][data-state="downloaded"] .lk-progress[data-status="completed"]',
         timeout=TIMEOUT,
