@@ -60,29 +60,39 @@ function render({ model, el }) {
     h("div", { className: "lk-compose" }, input, sendButton, stopButton, clearButton),
   );
 
-  const update = () => {
-    const streaming = model.get("streaming");
-    const pick = (id) => {
-      model.set("model", id);
-      model.save_changes();
-    };
-    rerender(picker, modelPicker(model.get("models"), model.get("model"), pick, "Chat model"));
-    rerender(banner, errorBanner(model.get("error"), () => act(model, "dismiss")));
-    const partial = model.get("partial");
-    rerender(
-      history,
-      model.get("messages").map((m, i) => message(m, i)),
-      streaming && partial ? message({ role: "assistant", ...partial }, -1, true) : null,
-    );
-    history.scrollTop = history.scrollHeight;
-    sendButton.disabled = streaming;
-    stopButton.disabled = !streaming;
-    el.dataset.streaming = String(streaming);
+  const pick = (id) => {
+    model.set("model", id);
+    model.save_changes();
   };
-  const names = ["models", "model", "messages", "partial", "streaming", "error"];
-  for (const name of names) model.on(`change:${name}`, update);
-  update();
-  return () => names.forEach((name) => model.off(`change:${name}`, update));
+  const views = {
+    // the picker only when its choices change: a re-rendered <select> would close under the user's pointer
+    picker: () => rerender(picker, modelPicker(model.get("models"), model.get("model"), pick, "Chat model")),
+    banner: () => rerender(banner, errorBanner(model.get("error"), () => act(model, "dismiss"))),
+    history: () => {
+      const streaming = model.get("streaming");
+      const partial = model.get("partial");
+      rerender(
+        history,
+        model.get("messages").map((m, i) => message(m, i)),
+        streaming && partial ? message({ role: "assistant", ...partial }, -1, true) : null,
+      );
+      history.scrollTop = history.scrollHeight;
+      sendButton.disabled = streaming;
+      stopButton.disabled = !streaming;
+      el.dataset.streaming = String(streaming);
+    },
+  };
+  const triggers = {
+    models: views.picker,
+    model: views.picker,
+    error: views.banner,
+    messages: views.history,
+    partial: views.history,
+    streaming: views.history,
+  };
+  for (const [name, view] of Object.entries(triggers)) model.on(`change:${name}`, view);
+  Object.values(views).forEach((view) => view());
+  return () => Object.entries(triggers).forEach(([name, view]) => model.off(`change:${name}`, view));
 }
 
 export default { render };
