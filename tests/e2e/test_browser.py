@@ -179,4 +179,9 @@ def check_chat(page: Any) -> None:
     assert answer.locator(".lk-note").inner_text() == "stopped"
     assert answer.locator(".lk-content").inner_text().startswith(first.strip()[:10])
     assert panel.locator(".lk-user .lk-content").inner_text() == "Count to a thousand."
-    assert panel.get_by_role("button", name="Copy this answer").count() == 1
+    copy = panel.get_by_role("button", name="Copy this answer")
+    copy.click()
+    page.wait_for_function(
+        "() => document.querySelector('.lk-chat-panel .lk-assistant .lk-button')?.textContent === 'Copied'"
+    )
+    assert page.evaluate("() => navigator.clipboard.readText()") == answer.locator(".lk-content").text_content()
