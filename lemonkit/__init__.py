@@ -39,6 +39,18 @@ __all__ = [
 ]
 
 
+# -- widgets: imported on first use (anywidget and ipywidgets cost an import a server or script never needs) ----
+_WIDGETS = {"ChatPanel", "DownloadBar", "ModelBrowser"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WIDGETS:
+        from lemonkit import widgets
+
+        return getattr(widgets, name)
+    raise AttributeError(f"module 'lemonkit' has no attribute {name!r}")
+
+
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
     from lemonkit.server.extension import LemonkitExtension
 

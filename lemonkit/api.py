@@ -70,12 +70,23 @@ def pull(
     flags = {"reasoning": reasoning, "vision": vision, "embedding": embedding, "reranking": reranking}
     body = client.pull_request(model, checkpoint=checkpoint, recipe=recipe, mmproj=mmproj, flags=flags)
     name = body["model_name"]
-    bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, desc=name, file=file, disable=not progress)
+    bar = _notebook_bar(name, client) if progress and file is None else None
+    if bar is None:
+        bar = tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, desc=name, file=file, disable=not progress)
     with bar:
         for event in client.events("pull", body):
             if _advance(bar, event):
                 return client.model(name)
     raise DownloadError(f"The server ended the pull of {name} before it finished")
+
+
+def _notebook_bar(name: str, client: Client) -> Any:
+    """A :class:`~lemonkit.widgets.DownloadBar` in a notebook, else ``None`` (a tqdm bar then)."""
+    try:
+        from lemonkit.widgets.download import notebook_bar
+    except ImportError:  # no anywidget: tqdm
+        return None
+    return notebook_bar(name, client)
 
 
 def _advance(bar: Any, event: Event) -> bool:

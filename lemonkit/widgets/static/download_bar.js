@@ -1,0 +1,24 @@
+import { act, button, errorBanner, h, progressBar, rerender } from "./shared.js";
+
+function render({ model, el }) {
+  el.classList.add("lk-widget", "lk-download-bar");
+  const update = () => {
+    const state = model.get("progress");
+    const name = model.get("model_name");
+    const active = model.get("controls") && ["starting", "downloading"].includes(state.status);
+    rerender(
+      el,
+      h("span", { className: "lk-name" }, name),
+      progressBar(state, `Download of ${name}`),
+      active ? button("Pause", `Pause download of ${name}`, () => act(model, "pause"), { "data-key": "pause" }) : null,
+      active ? button("Cancel", `Cancel download of ${name}`, () => act(model, "cancel"), { "data-key": "cancel" }) : null,
+      errorBanner(model.get("error")),
+    );
+  };
+  const names = ["progress", "error", "controls", "model_name"];
+  for (const name of names) model.on(`change:${name}`, update);
+  update();
+  return () => names.forEach((name) => model.off(`change:${name}`, update));
+}
+
+export default { render };

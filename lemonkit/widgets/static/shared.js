@@ -1,0 +1,87 @@
+// Building blocks every lemonkit panel uses (the Python side inlines this file into each panel's module).
+
+export function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "className") node.className = value;
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child !== null && child !== undefined && child !== false) node.append(child);
+  }
+  return node;
+}
+
+// JS asks, Python does the work: the browser never talks to the server itself.
+export function act(model, action, ...args) {
+  model.send({ action, args });
+}
+
+export function formatBytes(n) {
+  if (!n) return "0 B";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  const i = Math.min(units.length - 1, Math.floor(Math.log(n) / Math.log(1024)));
+  return `${(n / 1024 ** i).toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+
+// Replace a container's content, keeping keyboard focus on the element with the same data-key.
+export function rerender(container, ...children) {
+  const focused = document.activeElement;
+  const key = focused && container.contains(focused) ? focused.dataset.key : undefined;
+  container.replaceChildren(...children.flat().filter((c) => c));
+  if (key) container.querySelector(`[data-key="${CSS.escape(key)}"]`)?.focus();
+}
+
+// A download's progress: {status, percent, done, total, file, error}.
+export function progressBar(state, label) {
+  const percent = Math.max(0, Math.min(100, Math.round(state.percent || 0)));
+  const detail = state.total ? `${formatBytes(state.done)} / ${formatBytes(state.total)}` : "";
+  const text = [state.status, `${percent}%`, detail, state.file].filter((s) => s).join(" · ");
+  return h(
+    "div",
+    { className: `lk-progress lk-status-${state.status || "idle"}`, "data-status": state.status || "" },
+    h(
+      "div",
+      {
+        className: "lk-progress-track",
+        role: "progressbar",
+        "aria-label": label,
+        "aria-valuemin": "0",
+        "aria-valuemax": "100",
+        "aria-valuenow": String(percent),
+      },
+      h("div", { className: "lk-progress-fill", style: `width: ${percent}%` }),
+    ),
+    h("span", { className: "lk-progress-text" }, text),
+  );
+}
+
+// An error {message, code}; onDismiss (optional) adds a close button.
+export function errorBanner(error, onDismiss, key = "dismiss-error") {
+  if (!error) return null;
+  return h(
+    "div",
+    { className: "lk-error", role: "alert" },
+    h("span", { className: "lk-error-text" }, error.code ? `${error.message} (${error.code})` : error.message),
+    onDismiss
+      ? h("button", { className: "lk-button", "aria-label": "Dismiss error", "data-key": key, onclick: onDismiss }, "×")
+      : null,
+  );
+}
+
+// A <select> over model ids; onChange gets the chosen id.
+export function modelPicker(models, selected, onChange, label = "Model") {
+  const select = h(
+    "select",
+    { className: "lk-picker", "aria-label": label, "data-key": "model-picker", onchange: (e) => onChange(e.target.value) },
+    models.length ? null : h("option", { value: "" }, "no model available"),
+    models.map((id) => h("option", { value: id, selected: id === selected }, id)),
+  );
+  return select;
+}
+
+export function button(text, label, onclick, extra = {}) {
+  return h("button", { className: "lk-button", "aria-label": label, onclick, ...extra }, text);
+}
