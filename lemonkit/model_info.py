@@ -33,9 +33,10 @@ Catalog / ``user_models.json`` row schema (every key optional unless noted)::
             "resource": "data/x.onnx",  # a file or directory inside the installed package (found through
                                         # the distribution's metadata, without importing it)
             "call": "model_path",     # module.model_path() returns the path (imports the module)
-            "convert": "bert-gguf",   # with "resource": a lemonkit converter that turns the resource into
-                                      # <cache_dir>/bundled/<file>, once (see lemonkit.bundled.CONVERTERS)
-            "size_bytes": 253113024,  # an existing materialised file of this size is reused
+            "convert": "bert-onnx",   # with "resource": a lemonkit converter that turns the resource into
+                                      # <cache_dir>/bundled/<file> (a file or directory), once
+                                      # (see lemonkit.bundled.CONVERTERS)
+            "size_bytes": 253113024,  # an existing materialised file (directory: total) of this size is reused
             "sha256": "..."           # informational; the package's assemble() checks it
         }
     }

