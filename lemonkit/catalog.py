@@ -113,7 +113,18 @@ class SupportPolicy:
                 False,
                 f"its checkpoints download from {info.registry_source}; lemonkit downloads from the Hugging Face hub",
             )
+        served = self._served(info.recipe)
+        mode = info.labels[0] if info.labels else RECIPES.get(info.recipe, ("chat", frozenset()))[0]
+        if support.supported and served is not None and mode not in served:
+            kinds = ", ".join(sorted(served))
+            return Support(False, f"recipe {info.recipe}: lemonkit's engine serves {kinds} models, not {mode}")
         return support
+
+    def _served(self, recipe: str) -> frozenset[str] | None:
+        """Deployment labels the recipe's backends declare they serve (``serves``); ``None``: all the recipe's."""
+        backends = self._recipes.get(recipe, {}).get("backends", {}).values()
+        declared = [b["serves"] for b in backends if "serves" in b]
+        return frozenset(label for labels in declared for label in labels) if declared else None
 
     def _collection(self, info: ModelInfo, registry: Registry) -> Support:
         if not info.components:

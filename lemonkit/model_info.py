@@ -30,9 +30,13 @@ Catalog / ``user_models.json`` row schema (every key optional unless noted)::
             # exactly one of:
             "assemble": "assemble",   # module.assemble(output_path) writes the file; it is
                                       # materialised once into <cache_dir>/bundled/<file>
-            "resource": "data/x.onnx",  # a file or directory inside the installed package
+            "resource": "data/x.onnx",  # a file or directory inside the installed package (found through
+                                        # the distribution's metadata, without importing it)
             "call": "model_path",     # module.model_path() returns the path (imports the module)
-            "size_bytes": 253113024,  # an existing materialised file of this size is reused
+            "convert": "bert-onnx",   # with "resource": a lemonkit converter that turns the resource into
+                                      # <cache_dir>/bundled/<file> (a file or directory), once
+                                      # (see lemonkit.bundled.CONVERTERS)
+            "size_bytes": 253113024,  # an existing materialised file (directory: total) of this size is reused
             "sha256": "..."           # informational; the package's assemble() checks it
         }
     }
@@ -126,6 +130,7 @@ class BundledInfo:
     assemble: str | None = None
     resource: str | None = None
     call: str | None = None
+    convert: str | None = None
     size_bytes: int | None = None
     sha256: str | None = None
 
@@ -288,6 +293,9 @@ def _parse_bundled(raw: Any) -> BundledInfo:
         raise ValueError("'bundled' file must be a file name")
     if "resource" in modes:
         safe_relpath(modes["resource"], what="'bundled' resource")
+    convert = raw.get("convert")
+    if convert is not None and not ("resource" in modes and isinstance(convert, str) and convert):
+        raise ValueError("'bundled' 'convert' names a converter and needs 'resource'")
     size = raw.get("size_bytes")
     return BundledInfo(
         package=package,
@@ -295,6 +303,7 @@ def _parse_bundled(raw: Any) -> BundledInfo:
         file=file,
         size_bytes=size if isinstance(size, int) and not isinstance(size, bool) else None,
         sha256=raw.get("sha256") if isinstance(raw.get("sha256"), str) else None,
+        convert=convert,
         **modes,
     )
 

@@ -47,6 +47,8 @@ __all__ = [
 #:   requirement  what ``POST /v1/install`` asks pip for (default: lemonkit's own requirement for the
 #:                distribution in ``extra``, else ``distribution>=min_version``, else the distribution)
 #:   pip_args     extra ``pip install`` arguments (``--extra-index-url ...``, ``--find-links DIR``)
+#:   serves       deployment labels lemonkit's engine for the recipe serves, when fewer than the recipe's
+#:                (``onnxruntime``: embeddings, not classification); models of the others are unsupported
 DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
     "llamacpp": {
         "default_backend": "cpu",
@@ -72,6 +74,19 @@ DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
                 "os": "Darwin",
                 "missing": "Requires macOS",
                 "unsupported": "lemonkit runs llama.cpp on the CPU only.",
+            },
+        },
+    },
+    "onnxruntime": {
+        "default_backend": "cpu",
+        "backends": {
+            "cpu": {
+                "devices": ["cpu"],
+                "distribution": "onnxruntime",
+                "module": "onnxruntime",
+                "min_version": "1.17",
+                "extra": "embeddings",
+                "serves": ["embeddings"],
             },
         },
     },

@@ -122,13 +122,24 @@ def test_collections(reg: Registry) -> None:
     assert policy.model(reg.get("user.Chat"), reg).supported
 
 
+def test_a_recipe_mode_lemonkit_does_not_serve_is_unsupported(reg: Registry) -> None:
+    policy = SupportPolicy(DEFAULT_RECIPES, CPU_ONLY)
+    assert policy.model(reg.get("all-MiniLM-L6-v2-Bundled"), reg).supported
+    assert policy.model(reg.get("Phishing-Email-Detection-ONNX"), reg).reason == (
+        "recipe onnxruntime: lemonkit's engine serves embeddings models, not classification"
+    )
+
+
 def test_every_catalog_row_has_a_decision(reg: Registry) -> None:
     policy = SupportPolicy(DEFAULT_RECIPES, CPU_ONLY)
     for info in reg.list(show_all=True):
         support = policy.model(info, reg)
         simple = info.recipe != COLLECTION_OMNI and info.registry_source in ("huggingface", "pypi")
+        backends = DEFAULT_RECIPES.get(info.recipe, {}).get("backends", {}).values()
+        served = {label for backend in backends for label in backend.get("serves", ())}
         if simple:
-            assert support.supported == (info.recipe in DEFAULT_RECIPES), info.id
+            expected = info.recipe in DEFAULT_RECIPES and (not served or info.labels[0] in served)
+            assert support.supported == expected, info.id
         assert support.supported or support.reason.startswith(("recipe ", "its ")), info.id
 
 

@@ -53,7 +53,8 @@ def _imported_modules() -> set[str]:
 
 def _declared() -> set[str]:
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    requirements = project["dependencies"] + project["optional-dependencies"]["llamacpp"]
+    engines = [r for extra, reqs in project["optional-dependencies"].items() if extra != "test" for r in reqs]
+    requirements = project["dependencies"] + engines  # an engine's imports come with its recipe's extra
     return {_norm(re.match(r"[A-Za-z0-9._-]+", r).group()) for r in requirements}  # type: ignore[union-attr]
 
 

@@ -349,7 +349,8 @@ def test_repo_quant_downloaded(reg: Registry, hf_cache: Path) -> None:
     path = hf_add(hf_cache, "unsloth/Qwen3-0.6B-GGUF", "Qwen3-0.6B-Q4_0.gguf", gguf_context=40960)
     assert reg.is_downloaded(info)
     assert reg.resolve(info).main == path
-    assert [m.id for m in reg.list()] == ["Gemma-3-270m-GGUF", "gemma3:270m", "Qwen3-0.6B-GGUF", "qwen3:0.6b"]
+    bundled = ["Gemma-3-270m-GGUF", "gemma3:270m", "SmolLM2-135M-Instruct-Bundled", "all-MiniLM-L6-v2-Bundled"]
+    assert [m.id for m in reg.list()] == [*bundled, "Qwen3-0.6B-GGUF", "qwen3:0.6b"]
 
 
 def test_quant_match_is_case_insensitive(reg: Registry, hf_cache: Path) -> None:

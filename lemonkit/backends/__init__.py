@@ -1,4 +1,4 @@
-"""Engine adapters, one module or package per recipe (``llamacpp``), and the sidecar that hosts them.
+"""Engine adapters, one module or package per recipe (``llamacpp``, ``onnxruntime``), and the sidecar that hosts them.
 
 :mod:`~lemonkit.backends.base` is the sidecar-engine protocol, :mod:`~lemonkit.backends.sidecar` the process that
 hosts one engine, :mod:`~lemonkit.backends.transport` the server's side of the hop to it, and
@@ -18,6 +18,7 @@ __all__ = ["RECIPES", "engine_class"]
 #: recipe -> "module:Class" of its engine adapter
 RECIPES: dict[str, str] = {
     "llamacpp": "lemonkit.backends.llamacpp:LlamaCppEngine",
+    "onnxruntime": "lemonkit.backends.onnx_embeddings:OnnxEmbeddingEngine",
 }
 
 

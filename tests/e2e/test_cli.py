@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 from conftest import API_KEY, CACHE_DIR, GEMMA, TINY, Standalone
 
-from lemonkit.cli import DEMO_QUESTION, demo_body
+from lemonkit.cli import DEMO_QUESTION, chat_demo_body, demo_body
+from lemonkit.config import DEFAULT_CHAT_MODEL
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -36,48 +38,80 @@ def _one_line_error(done: subprocess.CompletedProcess[str], command: str) -> str
     return lines[-1]
 
 
-@pytest.mark.gemma
-def test_lemonkit_run_answers_once_and_keeps_serving(tmp_path: Path) -> None:
-    env = {**os.environ, "LEMONADE_API_KEY": API_KEY, "JUPYTER_RUNTIME_DIR": str(tmp_path)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "lemonkit.cli", "run", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=env,
-    )
-    try:
-        assert process.stdout is not None
-        lines = []
-        for line in process.stdout:
-            lines.append(line)
+class _Run:
+    """``lemonkit run [args]`` with ``LEMONADE_API_KEY`` set, read up to its "Serving" line."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        env = {**os.environ, "LEMONADE_API_KEY": API_KEY, "JUPYTER_RUNTIME_DIR": str(tmp_path)}
+        env.pop("LEMONKIT_DEFAULT_CHAT_MODEL", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "lemonkit.cli", "run", "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        assert self.process.stdout is not None
+        self.lines: list[str] = []
+        for line in self.process.stdout:
+            self.lines.append(line)
             if line.startswith("Serving "):
                 break
-        # nothing but the question, the answer, the stats and where it serves: no log line in the answer
-        assert [line.strip() for line in lines[:2]] == ["", DEMO_QUESTION], lines
-        answer = lines[2].strip()
-        assert len(answer.split()) >= 2, lines
-        assert lines[3:5] == ["\n", lines[4]] and len(lines) == 6, lines
-        stats = re.fullmatch(r"\[(\d+) tokens at [\d.]+ tok/s\]\n", lines[4])
-        assert stats and 0 < int(stats.group(1)) < demo_body(GEMMA, DEMO_QUESTION)["max_tokens"], lines  # not cut
-        api = lines[5].split(" at ")[1].split(" ")[0]
 
-        # the run used LEMONADE_API_KEY, and the same question ends on its own, with finish_reason "stop"
+    def answer(self, max_tokens: int) -> tuple[str, str]:
+        """The streamed answer and the API root; checks that nothing but the question, the answer, the stats and
+        where it serves was printed (no log line in the answer) and that the answer ended before ``max_tokens``."""
+        lines = self.lines
+        assert [line.strip() for line in lines[:2]] == ["", DEMO_QUESTION], lines
+        assert lines[-1].startswith("Serving ") and lines[-3] == "\n", lines
+        stats = re.fullmatch(r"\[(\d+) tokens at [\d.]+ tok/s\]\n", lines[-2])
+        assert stats and 0 < int(stats.group(1)) < max_tokens, lines  # not cut
+        return "".join(lines[2:-3]).strip(), lines[-1].split(" at ")[1].split(" ")[0]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        _, stderr = self.process.communicate(timeout=30)
+        assert self.process.returncode == 0
+        # the server's log went to a file, named in one line on stderr
+        log = CACHE_DIR / "logs" / "lemonkit-run.log"
+        assert stderr.splitlines() == [f"lemonkit run: the server's log is in {log}"], stderr
+        assert "lemonkit serving on" in log.read_text()
+
+
+def test_lemonkit_run_chats_with_the_bundled_default_and_keeps_serving(tmp_path: Path) -> None:
+    run = _Run(tmp_path)
+    try:
+        assert run.lines[-1].startswith(f"Serving {DEFAULT_CHAT_MODEL} at "), run.lines
+        body = chat_demo_body(DEFAULT_CHAT_MODEL, DEMO_QUESTION)
+        answer, api = run.answer(body["max_tokens"])
+        assert len(answer.split()) >= 5 and "blue" in answer.lower(), answer
+
+        # the run used LEMONADE_API_KEY; it chatted: the same chat, unstreamed, gives the same text and ends on its own
         assert httpx.get(f"{api}/models", timeout=10).status_code == 401
+        client = openai.OpenAI(base_url=api, api_key=API_KEY)
+        done = client.chat.completions.create(**{**body, "stream": False})
+        assert done.choices[0].finish_reason == "stop"
+        assert done.choices[0].message.content is not None and done.choices[0].message.content.strip() == answer
+    finally:
+        run.stop()
+
+
+@pytest.mark.gemma
+def test_lemonkit_run_of_a_base_model_completes(tmp_path: Path) -> None:
+    run = _Run(tmp_path, GEMMA)
+    try:
         body = {**demo_body(GEMMA, DEMO_QUESTION), "stream": False}
+        answer, api = run.answer(body["max_tokens"])
+        assert len(answer.split()) >= 2 and "\n" not in answer, run.lines  # the Q/A prompt stops at the line's end
+
+        # a base model has no chat template: the run asked through /completions, which ends on its own too
         headers = {"Authorization": f"Bearer {API_KEY}"}
         done = httpx.post(f"{api}/completions", json=body, headers=headers, timeout=120).json()
-        assert done["choices"][0]["finish_reason"] == "stop" and done["choices"][0]["text"].strip()
+        assert done["choices"][0]["finish_reason"] == "stop" and done["choices"][0]["text"].strip() == answer
         assert done["usage"]["completion_tokens"] < body["max_tokens"]
     finally:
-        process.terminate()
-        _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0
-    # the server's log went to a file, named in one line on stderr
-    log = CACHE_DIR / "logs" / "lemonkit-run.log"
-    assert stderr.splitlines() == [f"lemonkit run: the server's log is in {log}"], stderr
-    assert "lemonkit serving on" in log.read_text()
+        run.stop()
 
 
 def test_run_of_an_unknown_model_is_one_line(tmp_path: Path) -> None:
