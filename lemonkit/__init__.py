@@ -31,8 +31,8 @@ from lemonkit.api import (
     structured,
     unload,
 )
-from lemonkit.chat import Chat
 from lemonkit.client import AsyncClient, Client, ServerUnavailable
+from lemonkit.conversation import Chat
 from lemonkit.errors import (
     DownloadError,
     DownloadStopped,

@@ -11,7 +11,7 @@ import shlex
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from lemonkit import api
 from lemonkit.results import ChatResult
@@ -30,7 +30,7 @@ class LemonkitMagics(Magics):
     @cell_magic
     def chat(self, line: str, cell: str) -> ChatResult:
         """Ask the cell's body; the answer streams below and the cell's value is the ChatResult."""
-        args = parse_argstring(self.chat, line)
+        args = self.chat.parser.parse_args(shlex.split(line))  # IPython's own split keeps the quotes
         sampling = {"max_tokens": args.max_tokens} if args.max_tokens is not None else {}
         return api.chat(cell.strip(), args.model, system=args.system, **sampling)
 
