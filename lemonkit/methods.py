@@ -6,7 +6,8 @@ The module functions (``lemonkit.chat``, ...) call these on the shared default c
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from lemonkit import inference, provenance
@@ -18,6 +19,19 @@ if TYPE_CHECKING:
     from lemonkit.client import Event, Server
 
 __all__ = ["AsyncMethods", "SyncMethods"]
+
+
+@contextlib.contextmanager
+def _shown(fold: ChatAccumulator) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """Fold each chunk into ``fold`` and show it; the view is closed (marked interrupted if the stream did not
+    finish) whatever happens."""
+    view = stream_view()
+    finished = False
+    try:
+        yield lambda chunk: view.add(*fold.feed(chunk))
+        finished = True
+    finally:
+        view.close(interrupted=not finished)
 
 
 class SyncMethods:
@@ -120,14 +134,9 @@ class SyncMethods:
         clock, fold = provenance.Clock(), ChatAccumulator()
         headers: dict[str, str] = {}
         if body.get("stream"):
-            view = stream_view()
-            interrupted = True
-            try:
+            with _shown(fold) as show:
                 for event in self.events(route, body, headers_out=headers):
-                    view.add(*fold.feed(event.data))
-                interrupted = False
-            finally:
-                view.close(interrupted=interrupted)
+                    show(event.data)
             result = fold.finish()
         else:
             result = fold.whole(self.request("POST", route, json=body, headers_out=headers))
@@ -238,7 +247,14 @@ class SyncMethods:
         return ModelList(data, client=self)
 
     def stats(self) -> dict[str, Any]:
-        """The engine's figures for the last request (``/v1/stats``: ``tokens_per_second``, ``output_tokens``, ...).
+        """The engine's figures for the last generation of the last model used (``/v1/stats``).
+
+        Returns:
+            ``time_to_first_token``, ``tokens_per_second``, ``input_tokens``, ``output_tokens``, ``prompt_tokens``,
+            ``decode_token_times`` (``None`` before any generation).
+
+        Raises:
+            ServerUnavailable: No server could be reached or started.
 
         Example:
             >>> lemonkit.Client().stats()["tokens_per_second"]
@@ -300,14 +316,9 @@ class AsyncMethods:
         clock, fold = provenance.Clock(), ChatAccumulator()
         headers: dict[str, str] = {}
         if body.get("stream"):
-            view = stream_view()
-            interrupted = True
-            try:
+            with _shown(fold) as show:
                 async for event in self.events(route, body, headers_out=headers):
-                    view.add(*fold.feed(event.data))
-                interrupted = False
-            finally:
-                view.close(interrupted=interrupted)
+                    show(event.data)
             result = fold.finish()
         else:
             result = fold.whole(await self.request("POST", route, json=body, headers_out=headers))

@@ -241,3 +241,42 @@ def test_the_openai_client_reaches_the_same_server(monkeypatch: pytest.MonkeyPat
     assert json.loads(answer.headers["x-lemonkit-provenance"])["model"] == TINY
     assert isinstance(lemonkit.async_openai_client(client), __import__("openai").AsyncOpenAI)
     httpx.post(standalone.root + "api/v1/unload", headers={"Authorization": f"Bearer {API_KEY}"}, json={})
+
+
+async def test_tool_calls_streamed_and_whole(host: Host, capsys: pytest.CaptureFixture[str]) -> None:
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"q": {"type": "string", "maxLength": 8}},
+                    "required": ["q"],
+                },
+            },
+        }
+    ]
+
+    def calls(client: Client) -> tuple[lemonkit.ChatResult, lemonkit.ChatResult]:
+        kwargs: dict[str, Any] = {"tools": tools, "tool_choice": "required", "max_tokens": 64, "seed": 11}
+        return client.chat("find", TINY, **kwargs), client.chat("find", TINY, stream=False, **kwargs)
+
+    streamed, whole = await _in_thread(host, calls)
+    for result in (streamed, whole):
+        (call,) = result.tool_calls
+        assert result.finish_reason == "tool_calls" and call["function"]["name"] == "lookup" and call["id"]
+        assert isinstance(json.loads(call["function"]["arguments"])["q"], str)
+        assert result.message["tool_calls"] == result.tool_calls
+    assert streamed.tool_calls[0]["function"] == whole.tool_calls[0]["function"]  # the same seed, folded alike
+
+
+def test_the_module_functions_are_not_shadowed_by_submodules() -> None:
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.iter_modules(lemonkit.__path__):
+        importlib.import_module(f"lemonkit.{module.name}")
+    for name in ("chat", "complete", "embed", "rerank", "structured", "models", "map", "replay", "load", "stats"):
+        assert callable(getattr(lemonkit, name)) and not isinstance(getattr(lemonkit, name), type(lemonkit)), name
+    assert "lemonkit.chat(" in (lemonkit.chat.__doc__ or "") and "Client()" not in (lemonkit.chat.__doc__ or "")
