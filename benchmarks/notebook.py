@@ -104,7 +104,7 @@ class _Stamps(io.TextIOBase):
         self.stamps: list[float] = []
 
     def write(self, text: str) -> int:
-        if text.strip():
+        if text:  # one write per token with text, as the openai side counts chunks with content
             self.stamps.append(time.perf_counter())
         return len(text)
 

@@ -41,7 +41,7 @@ class MapError:
 class MapResult(list[Any]):
     """The outputs in input order: a :class:`~lemonkit.results.ChatResult` (a template's or a function's prompt),
     whatever a function returned, a :class:`MapError` for an item that failed, or ``None`` for an item that had not
-    finished when the run was interrupted.
+    finished when the run was interrupted (:attr:`pending` lists those).
 
     Attributes:
         interrupted: The run was interrupted (KeyboardInterrupt); the finished items are kept.
@@ -50,6 +50,11 @@ class MapResult(list[Any]):
     def __init__(self, size: int) -> None:
         super().__init__([None] * size)
         self.interrupted = False
+        self._finished: set[int] = set()
+
+    def finish(self, index: int, value: Any) -> None:
+        self[index] = value
+        self._finished.add(index)
 
     @property
     def errors(self) -> list[MapError]:
@@ -59,7 +64,7 @@ class MapResult(list[Any]):
     @property
     def pending(self) -> list[int]:
         """Indexes of the items that did not finish (an interrupted run)."""
-        return [i for i, r in enumerate(self) if r is None]
+        return [i for i in range(len(self)) if i not in self._finished]
 
     def to_pandas(self) -> Any:
         """A ``pandas.DataFrame`` in input order: ``output`` (a result's text, or the value) and ``error``."""
@@ -165,15 +170,15 @@ def map_items(
             while remaining:
                 done, remaining = wait(remaining, return_when=FIRST_COMPLETED)
                 for future in done:
-                    results[futures[future]] = future.result()
+                    results.finish(futures[future], future.result())
                 bar.update(len(done))
                 bar.set_postfix(errors=len(results.errors), refresh=False)
         except KeyboardInterrupt:
             results.interrupted = True
             stop.set()
             for future, index in futures.items():  # finished while the interrupt was being raised: kept too
-                if future.done() and not future.cancelled() and results[index] is None:
-                    results[index] = future.result()
+                if future.done() and not future.cancelled():
+                    results.finish(index, future.result())
         finally:
             pool.shutdown(wait=not results.interrupted, cancel_futures=True)
     return results

@@ -112,8 +112,8 @@ def replay(result: ChatResult, *, client: Client | None = None) -> ReplayResult:
 
     request = result.provenance.get("request")
     route = result.provenance.get("route")
-    if not isinstance(request, dict) or not route:
-        raise ValueError("This result carries no request to replay (its provenance has no 'request')")
+    if not isinstance(request, dict) or route not in ("chat/completions", "completions"):
+        raise ValueError("Only chat and completion results can be replayed (this one's provenance has no such request)")
     body = {k: v for k, v in request.items() if k != "stream_options"}
     body["stream"] = False
     again = (client or default_client()).run(route, body)

@@ -58,9 +58,11 @@ def test_failing_items_are_errors_in_their_slots_and_transient_ones_are_retried(
             return client.chat("hi", "user.no-such-model", stream=False)  # the server's 404: final too
         if item == "plain":
             return 42  # not a prompt: kept as it is
+        if item == "nothing":
+            return None  # kept too: a finished item, not a pending one
         return f"Say {item}"
 
-    items = ["a", "flaky", "broken", "plain", "missing", "b"]
+    items = ["a", "flaky", "broken", "plain", "missing", "b", "nothing"]
     out = lemonkit.map(prompt, items, client=client, concurrency=2, retries=2, max_tokens=2, progress=False)
     assert [type(r).__name__ for r in out] == [
         "ChatResult",
@@ -69,7 +71,9 @@ def test_failing_items_are_errors_in_their_slots_and_transient_ones_are_retried(
         "int",
         "MapError",
         "ChatResult",
+        "NoneType",
     ]
+    assert out.pending == [] and not out.interrupted
     broken, missing = out.errors
     assert (broken.index, broken.item, broken.attempts, type(broken.error)) == (2, "broken", 1, ValueError)
     assert (missing.index, missing.attempts, type(missing.error)) == (4, 1, lemonkit.ModelNotFound)

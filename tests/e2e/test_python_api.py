@@ -81,6 +81,8 @@ async def test_replay_matches_a_seeded_request_and_reports_a_changed_one(host: H
     assert again.result.text == streamed.text and again.result.provenance["seed"] == streamed.provenance["seed"]
     assert not changed.matched and changed.diff.startswith("--- original")
     assert set(changed.changed) >= {"model", "checkpoint", "file_sha256"}
+    with pytest.raises(ValueError, match="replayed"):
+        lemonkit.replay(lemonkit.ChatResult(text="typed in by hand"))
 
 
 async def test_the_provenance_header_on_every_inference_route(host: Host) -> None:
