@@ -365,6 +365,10 @@ class _Base:
 class Client(_Base, SyncMethods):
     """A synchronous client of one lemonkit server.
 
+    Besides the management calls here, it has the Python API's methods (``chat``, ``complete``, ``structured``,
+    ``embed``, ``rerank``, ``models``, ``stats``: see :class:`lemonkit.methods.SyncMethods`), which the module
+    functions (``lemonkit.chat``, ...) call on :func:`lemonkit.default_client`.
+
     Args:
         url: The server (see :func:`api_root`); default: found at the first request (see the module doc).
         token: Its key or Jupyter token (with ``url``).
