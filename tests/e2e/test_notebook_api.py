@@ -109,6 +109,13 @@ def test_chat_in_a_kernel_updates_one_display(kernel: Kernel, jupyter: JupyterSe
     # the openai SDK from the same kernel, with the Jupyter token
     listed = kernel.ok("print([m.id for m in lemonkit.openai_client().models.list()])")
     assert TINY in _text(listed)
+    # a reasoning model's thoughts: collapsed while streaming and once complete
+    code = "from lemonkit.display import NotebookView\nv = NotebookView()\nv.add('', 'a <thought>')\n"
+    code += "v.add('42', '')\nv.close()"
+    shown = [m["content"]["data"] for m in kernel.ok(code) if m["msg_type"] == "update_display_data"]
+    assert shown[0]["text/html"].startswith("<details><summary>Reasoning</summary>")
+    assert "a &lt;thought&gt;" in shown[0]["text/html"]  # escaped while it streams as HTML
+    assert shown[-1]["text/markdown"] == "<details><summary>Reasoning</summary>\n\na <thought>\n\n</details>\n\n42"
 
 
 def test_interrupting_the_kernel_stops_the_generation(kernel: Kernel, jupyter: JupyterServer) -> None:
@@ -186,3 +193,15 @@ def test_the_embedded_server_serves_the_api(tmp_path: Path) -> None:
     assert found["kind"] == "embedded" and found["url"].startswith("http://127.0.0.1:")
     assert found["provenance"]["server"] == found["url"] and found["provenance"]["model"] == TINY
     assert found["shape"][0] == 3 and TINY in found["models"] and found["replayed"] is True
+
+
+def test_the_openai_url_under_a_jupyterhub_user_prefix(tmp_path: Path) -> None:
+    server = JupyterServer(tmp_path, env=_clean_env(tmp_path / "runtime"), base_url="/user/alice/")
+    kernel = Kernel(server)
+    try:
+        code = "import lemonkit\nprint(lemonkit.openai_url())\nprint(len(lemonkit.openai_client().models.list().data))"
+        url, count = _text(kernel.ok(code)).split()
+        assert url == f"http://127.0.0.1:{server.port}/user/alice/lemonkit/api/v1" and int(count) > 0
+    finally:
+        kernel.close()
+        server.stop()
