@@ -1,11 +1,38 @@
-"""lemonkit: local AI models served from inside Jupyter through the Lemonade / OpenAI API."""
+"""lemonkit: local AI models served from inside Jupyter through the Lemonade / OpenAI API.
+
+In a notebook or a script::
+
+    import lemonkit
+    lemonkit.chat("Explain entropy in two sentences")   # streams, returns a ChatResult
+    lemonkit.models()                                    # a model browser in a notebook
+
+Every function uses one shared :class:`Client` (:func:`default_client`), which finds its server (the Jupyter
+server of this kernel, ``LEMONKIT_URL``, a running ``lemonkit serve``) or starts an embedded one.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from lemonkit.api import default_client, pull
+from lemonkit.api import (
+    async_openai_client,
+    chat,
+    complete,
+    default_client,
+    embed,
+    health,
+    load,
+    models,
+    openai_client,
+    openai_url,
+    pull,
+    rerank,
+    stats,
+    structured,
+    unload,
+)
 from lemonkit.client import AsyncClient, Client, ServerUnavailable
+from lemonkit.conversation import Chat
 from lemonkit.errors import (
     DownloadError,
     DownloadStopped,
@@ -17,25 +44,55 @@ from lemonkit.errors import (
     NotFound,
     Unauthorized,
 )
+from lemonkit.inference import Embeddings, StructuredOutputError
+from lemonkit.mapping import MapError, MapResult
+from lemonkit.mapping import map_items as map
+from lemonkit.provenance import ReplayResult, replay
+from lemonkit.results import ChatResult, ModelList, RankedDocument, Ranking
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
+    "Chat",
+    "ChatResult",
     "Client",
     "DownloadError",
     "DownloadStopped",
+    "Embeddings",
     "InvalidArgument",
     "InvalidRequest",
     "LemonkitError",
+    "MapError",
+    "MapResult",
+    "ModelList",
     "ModelLoadError",
     "ModelNotFound",
     "NotFound",
+    "RankedDocument",
+    "Ranking",
+    "ReplayResult",
     "ServerUnavailable",
+    "StructuredOutputError",
     "Unauthorized",
     "__version__",
+    "async_openai_client",
+    "chat",
+    "complete",
     "default_client",
+    "embed",
+    "health",
+    "load",
+    "map",
+    "models",
+    "openai_client",
+    "openai_url",
     "pull",
+    "replay",
+    "rerank",
+    "stats",
+    "structured",
+    "unload",
 ]
 
 
@@ -55,3 +112,10 @@ def _jupyter_server_extension_points() -> list[dict[str, Any]]:
     from lemonkit.server.extension import LemonkitExtension
 
     return [{"module": "lemonkit.server.extension", "app": LemonkitExtension}]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext lemonkit``: the ``%%chat`` and ``%lemonkit`` magics (see :mod:`lemonkit.magics`)."""
+    from lemonkit.magics import load_ipython_extension as load
+
+    load(ipython)

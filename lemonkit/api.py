@@ -1,14 +1,39 @@
-"""The notebook-facing functions (``lemonkit.pull``, ...), all on one shared :class:`~lemonkit.client.Client`."""
+"""The notebook-facing functions (``lemonkit.chat``, ``lemonkit.pull``, ...), all on one shared
+:class:`~lemonkit.client.Client`: each is that client's method of the same name (same arguments, same doc)."""
 
 from __future__ import annotations
 
 import threading
-from typing import IO, Any
+from collections.abc import Callable, Sequence
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from lemonkit.client import Client, Event
 from lemonkit.errors import DownloadError, error_from_body
+from lemonkit.inference import Embeddings, Messages
+from lemonkit.results import ChatResult, ModelList, Ranking
 
-__all__ = ["default_client", "pull"]
+if TYPE_CHECKING:
+    import openai
+
+__all__ = [
+    "async_openai_client",
+    "chat",
+    "complete",
+    "default_client",
+    "embed",
+    "health",
+    "load",
+    "models",
+    "openai_client",
+    "openai_url",
+    "pull",
+    "rerank",
+    "stats",
+    "structured",
+    "unload",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 _lock = threading.Lock()
 _client: Client | None = None
@@ -105,3 +130,139 @@ def _advance(bar: Any, event: Event) -> bool:
         error = data if isinstance(data, dict) else {"error": data}
         raise error_from_body(None, {"error": {"message": error.get("error"), "code": error.get("code")}})
     return False
+
+
+# -- the client's methods on the default client --------------------------------------------------------------------
+
+
+def _doc_of(method: Callable[..., Any]) -> Callable[[_F], _F]:
+    def document(function: _F) -> _F:
+        function.__doc__ = (method.__doc__ or "").replace("lemonkit.Client().", "lemonkit.")
+        return function
+
+    return document
+
+
+@_doc_of(Client.chat)
+def chat(
+    prompt_or_messages: Messages,
+    model: str | None = None,
+    *,
+    stream: bool = True,
+    system: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    response_format: dict[str, Any] | None = None,
+    **sampling: Any,
+) -> ChatResult:
+    return default_client().chat(
+        prompt_or_messages,
+        model,
+        stream=stream,
+        system=system,
+        tools=tools,
+        response_format=response_format,
+        **sampling,
+    )
+
+
+@_doc_of(Client.complete)
+def complete(prompt: str, model: str | None = None, *, stream: bool = True, **sampling: Any) -> ChatResult:
+    return default_client().complete(prompt, model, stream=stream, **sampling)
+
+
+@_doc_of(Client.structured)
+def structured(prompt: Messages, schema: Any, model: str | None = None, **sampling: Any) -> Any:
+    return default_client().structured(prompt, schema, model, **sampling)
+
+
+@_doc_of(Client.embed)
+def embed(texts: str | Sequence[str], model: str | None = None) -> Embeddings:
+    return default_client().embed(texts, model)
+
+
+@_doc_of(Client.rerank)
+def rerank(query: str, documents: Sequence[str], model: str | None = None) -> Ranking:
+    return default_client().rerank(query, documents, model)
+
+
+@_doc_of(Client.models)
+def models(all: bool = False) -> ModelList:
+    return default_client().models(all)
+
+
+@_doc_of(Client.load)
+def load(name: str, **options: Any) -> dict[str, Any]:
+    return default_client().load(name, **options)
+
+
+@_doc_of(Client.unload)
+def unload(name: str | None = None) -> dict[str, Any]:
+    return default_client().unload(name)
+
+
+@_doc_of(Client.health)
+def health() -> dict[str, Any]:
+    return default_client().health()
+
+
+@_doc_of(Client.stats)
+def stats() -> dict[str, Any]:
+    return default_client().stats()
+
+
+# -- other OpenAI clients ------------------------------------------------------------------------------------------
+
+
+def openai_url(client: Client | None = None) -> str:
+    """The OpenAI base URL of the server lemonkit uses here (finding or starting it first).
+
+    In a Jupyter kernel that is the Jupyter server's ``{base_url}lemonkit/api/v1`` (JupyterHub's
+    ``/user/<name>/lemonkit/api/v1`` included); else ``LEMONKIT_URL``'s, a running ``lemonkit serve``'s or the
+    embedded server's ``.../api/v1``.
+
+    Args:
+        client: Whose server (default: :func:`default_client`).
+
+    Returns:
+        The URL, ending ``/api/v1``.
+
+    Raises:
+        ServerUnavailable: No server could be reached or started.
+
+    Example:
+        >>> lemonkit.openai_url()
+        'http://127.0.0.1:8888/lemonkit/api/v1'
+    """
+    return (client or default_client()).server.api
+
+
+def openai_client(client: Client | None = None, **kwargs: Any) -> openai.OpenAI:
+    """An ``openai.OpenAI`` for the server lemonkit uses here: :func:`openai_url` with its key or Jupyter token.
+
+    Args:
+        client: Whose server (default: :func:`default_client`).
+        **kwargs: More ``openai.OpenAI`` arguments (``timeout``, ``max_retries``, ...).
+
+    Returns:
+        The configured client.
+
+    Raises:
+        ImportError: The ``openai`` package is not installed.
+        ServerUnavailable: No server could be reached or started.
+
+    Example:
+        >>> oai = lemonkit.openai_client()
+        >>> oai.chat.completions.create(model="Gemma-3-270m-GGUF", messages=[{"role": "user", "content": "Hi"}])
+    """
+    import openai
+
+    server = (client or default_client()).server
+    return openai.OpenAI(base_url=server.api, api_key=server.token or "none", **kwargs)
+
+
+def async_openai_client(client: Client | None = None, **kwargs: Any) -> openai.AsyncOpenAI:
+    """:func:`openai_client`'s ``openai.AsyncOpenAI`` twin."""
+    import openai
+
+    server = (client or default_client()).server
+    return openai.AsyncOpenAI(base_url=server.api, api_key=server.token or "none", **kwargs)

@@ -40,6 +40,7 @@ from httpx_sse import EventSource, ServerSentEvent
 from lemonkit import records
 from lemonkit.config import DEFAULT_PORT
 from lemonkit.errors import InvalidArgument, LemonkitError, error_from_body
+from lemonkit.methods import AsyncMethods, SyncMethods
 
 __all__ = ["AsyncClient", "Client", "Event", "Server", "ServerUnavailable", "locate"]
 
@@ -361,8 +362,12 @@ class _Base:
         return self._server
 
 
-class Client(_Base):
+class Client(_Base, SyncMethods):
     """A synchronous client of one lemonkit server.
+
+    Besides the management calls here, it has the Python API's methods (``chat``, ``complete``, ``structured``,
+    ``embed``, ``rerank``, ``models``, ``stats``: see :class:`lemonkit.methods.SyncMethods`), which the module
+    functions (``lemonkit.chat``, ...) call on :func:`lemonkit.default_client`.
 
     Args:
         url: The server (see :func:`api_root`); default: found at the first request (see the module doc).
@@ -388,25 +393,31 @@ class Client(_Base):
             self._http = httpx.Client(base_url=server.api + "/", headers=server.headers, timeout=_TIMEOUT)
         return self._http
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One request; returns the JSON answer.
+    def request(self, method: str, path: str, *, headers_out: dict[str, str] | None = None, **kwargs: Any) -> Any:
+        """One request; returns the JSON answer (and fills ``headers_out`` with the answer's headers).
 
         Raises:
             LemonkitError: The server's error, as its class (by ``code``).
             ServerUnavailable: The server cannot be reached.
         """
         try:
-            return _result(self._client().request(method, path, **kwargs))
+            response = self._client().request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise ServerUnavailable(f"lemonkit server at {self._located().api} unreachable: {exc}") from exc
+        if headers_out is not None:
+            headers_out.update(response.headers)
+        return _result(response)
 
-    def events(self, path: str, body: dict[str, Any]) -> Iterator[Event]:
-        """POST ``body`` and yield the server-sent events of the answer, up to ``[DONE]`` or the end."""
+    def events(self, path: str, body: dict[str, Any], *, headers_out: dict[str, str] | None = None) -> Iterator[Event]:
+        """POST ``body`` and yield the server-sent events of the answer, up to ``[DONE]`` or the end (filling
+        ``headers_out`` with the answer's headers once they arrive)."""
         try:
             with self._client().stream("POST", path, json=body) as response:
                 if response.status_code >= 400:
                     response.read()
                     _result(response)
+                if headers_out is not None:
+                    headers_out.update(response.headers)
                 for sse in EventSource(response).iter_sse():
                     event = _event(sse)
                     if event is None:
@@ -416,11 +427,15 @@ class Client(_Base):
             raise ServerUnavailable(f"lemonkit server at {self._located().api} unreachable: {exc}") from exc
 
     def health(self) -> dict[str, Any]:
-        return self.request("GET", "health")
+        """The server's ``/v1/health``: version, loaded models (``all_models_loaded``: name, type, pid, options).
 
-    def models(self, *, show_all: bool = False) -> list[dict[str, Any]]:
-        """The models: downloaded ones, or with ``show_all`` every registered one."""
-        return self.request("GET", "models", params={"show_all": "true"} if show_all else {})["data"]
+        Raises:
+            ServerUnavailable: No server could be reached or started.
+
+        Example:
+            >>> lemonkit.Client().health()["model_loaded"]
+        """
+        return self.request("GET", "health")
 
     def model(self, name: str) -> dict[str, Any]:
         return self.request("GET", f"models/{name}")
@@ -441,11 +456,39 @@ class Client(_Base):
         yield from self.events("pull", self.pull_request(model, **registration))
 
     def load(self, name: str, **options: Any) -> dict[str, Any]:
-        """Load ``name`` with ``/v1/load`` options (``ctx_size``, ``pinned``, ``save_options``, ...)."""
+        """Load a model (downloading it first if needed).
+
+        Args:
+            name: The model.
+            **options: ``/v1/load`` options: ``ctx_size``, ``llamacpp_args``, ``pinned``, ``save_options``, ...
+
+        Returns:
+            The server's answer (``{"status": "success", "message": ...}``).
+
+        Raises:
+            ModelNotFound: ``name`` is not registered.
+            ModelLoadError: The engine failed to load it.
+
+        Example:
+            >>> lemonkit.Client().load("Gemma-3-270m-GGUF", ctx_size=4096)
+        """
         return self.request("POST", "load", json={"model_name": name, **options})
 
     def unload(self, name: str | None = None) -> dict[str, Any]:
-        """Unload ``name``, or every model."""
+        """Unload a model, or every model (its process exits and gives its memory back).
+
+        Args:
+            name: The model; ``None``: all of them.
+
+        Returns:
+            The server's answer.
+
+        Raises:
+            ModelNotFound: ``name`` is not loaded.
+
+        Example:
+            >>> lemonkit.Client().unload()
+        """
         return self.request("POST", "unload", json={"model_name": name} if name else {})
 
     def delete(self, name: str) -> dict[str, Any]:
@@ -463,7 +506,7 @@ class Client(_Base):
         self.close()
 
 
-class AsyncClient(_Base):
+class AsyncClient(_Base, AsyncMethods):
     """The asynchronous twin of :class:`Client` (same arguments, same methods, awaitable)."""
 
     def __init__(self, url: str | None = None, *, token: str | None = None, start: bool = True) -> None:
@@ -483,20 +526,27 @@ class AsyncClient(_Base):
             self._http = httpx.AsyncClient(base_url=server.api + "/", headers=server.headers, timeout=_TIMEOUT)
         return self._http
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+    async def request(self, method: str, path: str, *, headers_out: dict[str, str] | None = None, **kwargs: Any) -> Any:
         client = await self._client()
         try:
-            return _result(await client.request(method, path, **kwargs))
+            response = await client.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise ServerUnavailable(f"lemonkit server at {client.base_url} unreachable: {exc}") from exc
+        if headers_out is not None:
+            headers_out.update(response.headers)
+        return _result(response)
 
-    async def events(self, path: str, body: dict[str, Any]) -> AsyncIterator[Event]:
+    async def events(
+        self, path: str, body: dict[str, Any], *, headers_out: dict[str, str] | None = None
+    ) -> AsyncIterator[Event]:
         client = await self._client()
         try:
             async with client.stream("POST", path, json=body) as response:
                 if response.status_code >= 400:
                     await response.aread()
                     _result(response)
+                if headers_out is not None:
+                    headers_out.update(response.headers)
                 async for sse in EventSource(response).aiter_sse():
                     event = _event(sse)
                     if event is None:
@@ -507,9 +557,6 @@ class AsyncClient(_Base):
 
     async def health(self) -> dict[str, Any]:
         return await self.request("GET", "health")
-
-    async def models(self, *, show_all: bool = False) -> list[dict[str, Any]]:
-        return (await self.request("GET", "models", params={"show_all": "true"} if show_all else {}))["data"]
 
     async def model(self, name: str) -> dict[str, Any]:
         return await self.request("GET", f"models/{name}")

@@ -57,6 +57,8 @@ class LoadedModel:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     #: copies the sidecar's stderr into the log store (tagged with the model's name) until the process exits
     stderr_task: asyncio.Task[None] | None = None
+    #: the main file the engine loaded (provenance: its commit and sha256)
+    model_path: Path | None = None
 
     @property
     def name(self) -> str:
@@ -327,6 +329,7 @@ class ModelManager:
             }
             model = await self._spawn(info, spec, options)
             model.pinned = pinned
+            model.model_path = files.main
             self._loaded[info.id] = model
             self._last_used = info.id
             log.info("loaded %s (pid %s)", info.id, model.process.pid)

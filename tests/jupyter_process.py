@@ -26,6 +26,7 @@ class JupyterServer:
         config: More ``jupyter_server_config.json`` settings (e.g. ``{"LemonkitExtension": {...}}``).
         env: The process's environment (default: this one's).
         python: The interpreter that runs it.
+        base_url: Its base URL (JupyterHub's single-user servers run under ``/user/<name>/``).
     """
 
     token = "process-test-token"
@@ -36,7 +37,9 @@ class JupyterServer:
         config: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         python: str = sys.executable,
+        base_url: str = "/b/",
     ) -> None:
+        self.base_url = base_url
         self.config_dir, self.runtime_dir = directory / "config", directory / "runtime"
         self.config_dir.mkdir(parents=True)
         settings = {"ServerApp": {"jpserver_extensions": {"lemonkit": True}}, **(config or {})}
@@ -44,7 +47,13 @@ class JupyterServer:
         env = {**(os.environ if env is None else env), "JUPYTER_CONFIG_DIR": str(self.config_dir)}
         env["JUPYTER_RUNTIME_DIR"] = str(self.runtime_dir)
         self.port = free_port()
-        flags = ["--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={self.port}", "--ServerApp.base_url=/b/"]
+        flags = [
+            "--no-browser",
+            "--allow-root",
+            "--ip=127.0.0.1",
+            f"--port={self.port}",
+            f"--ServerApp.base_url={base_url}",
+        ]
         flags += [f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={directory}"]
         self.process = subprocess.Popen(
             [python, "-m", "jupyter_server", *flags],
@@ -65,7 +74,7 @@ class JupyterServer:
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}/b/"
+        return f"http://127.0.0.1:{self.port}{self.base_url}"
 
     def stop(self) -> None:
         self.process.terminate()

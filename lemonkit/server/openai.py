@@ -17,7 +17,7 @@ from lemonkit.catalog import Support
 from lemonkit.errors import BackendError, ModelNotApplicable, NotEmbeddingModel
 from lemonkit.manager import LoadedModel
 from lemonkit.registry import ModelInfo
-from lemonkit.server import responses
+from lemonkit.server import provenance, responses
 from lemonkit.server.base import LemonkitHandler, error_event
 
 __all__ = [
@@ -51,6 +51,7 @@ class InferenceHandler(LemonkitHandler):
 
     async def _serve(self, info: ModelInfo, body: dict[str, Any]) -> None:
         async with self.service.manager.use(info.id, ctx_size=body.get("ctx_size")) as model:
+            self.set_header(provenance.HEADER, await provenance.header_value(model))
             await self.run(model, body)
 
     def check_applicable(self, info: ModelInfo) -> None:
