@@ -163,12 +163,11 @@ class ModelList(list[dict[str, Any]]):
         try:
             from lemonkit.widgets import ModelBrowser
 
-            bundle: dict[str, Any] = ModelBrowser(client=self._client)._repr_mimebundle_(
-                include=include, exclude=exclude
-            )
-            return bundle
+            rendered: Any = ModelBrowser(client=self._client)._repr_mimebundle_(include=include, exclude=exclude)
         except ImportError:  # lemonkit.widgets or anywidget missing: a static table
-            return {"text/html": self._html(), "text/plain": repr(self)}
+            rendered = None
+        bundle: dict[str, Any] | None = rendered[0] if isinstance(rendered, tuple) else rendered  # (data, metadata)
+        return bundle or {"text/html": self._html(), "text/plain": repr(self)}
 
     def _html(self) -> str:
         columns = ("id", "recipe", "downloaded", "labels", "size")
