@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ class JupyterServer:
             "--allow-root",
             "--ip=127.0.0.1",
             f"--port={self.port}",
+            "--ServerApp.port_retries=0",  # a taken port fails loudly instead of moving silently
             f"--ServerApp.base_url={base_url}",
         ]
         flags += [f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={directory}"]
@@ -71,6 +73,20 @@ class JupyterServer:
         else:
             self.stop()
             raise RuntimeError("jupyter server did not start:\n" + "".join(log))
+        self._wait_listening(log)
+
+    def _wait_listening(self, log: list[str], timeout: float = 60) -> None:
+        """Until the port takes connections: the "running at" line can come before the socket listens."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("jupyter server did not listen:\n" + "".join(log)) from None
+                time.sleep(0.05)  # polling a port: nothing to wait on
 
     @property
     def base(self) -> str:
