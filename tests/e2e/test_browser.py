@@ -1,7 +1,9 @@
 """A real browser: JupyterLab (with the lemonkit extension) in Debian's headless chromium runs a notebook whose
 widgets talk to the extension through the kernel, and the page's DOM shows it working: a ``lemonkit.pull``
 progress bar that reached the end, the model browser's rows (search, Tab order), a pull started by clicking the
-browser's button that progressed to done, and a chat answer streaming into the chat panel until Stop.
+browser's button that progressed to done, and a chat answer streaming into the chat panel until Stop. The same for
+``notebooks/quickstart.ipynb``: its ``lemonkit.chat`` output grew as tokens streamed, every cell ran, and a catalog
+row pulled from the model browser that ``lemonkit.models()`` displays reached done.
 
 Pulls come from the local test hub (``HF_ENDPOINT``); nothing leaves the machine. Screenshots go to the test's
 tmp directory (printed on failure: ``-rA`` shows them for a passing run too).
