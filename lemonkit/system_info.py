@@ -90,6 +90,55 @@ DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
             },
         },
     },
+    # speech-to-text and text-to-speech: one engine each, all on the CPU (CTranslate2 and ONNX Runtime)
+    "faster-whisper": {
+        "default_backend": "cpu",
+        "backends": {
+            "cpu": {
+                "devices": ["cpu"],
+                "distribution": "faster-whisper",
+                "module": "faster_whisper",
+                "min_version": "1.2.1",
+                "extra": "audio",
+            },
+        },
+    },
+    "piper": {
+        "default_backend": "cpu",
+        "backends": {
+            "cpu": {
+                "devices": ["cpu"],
+                "distribution": "piper-tts",
+                "module": "piper",
+                "min_version": "1.8.0",
+                "extra": "audio",
+            },
+        },
+    },
+    "kokoro": {
+        "default_backend": "cpu",
+        "backends": {
+            "cpu": {
+                "devices": ["cpu"],
+                "distribution": "kokoro-onnx",
+                "module": "kokoro_onnx",
+                "min_version": "0.6.1",
+                "extra": "audio",
+            },
+        },
+    },
+    "hibari": {
+        "default_backend": "cpu",
+        "backends": {
+            "cpu": {
+                "devices": ["cpu"],
+                "distribution": "hibari-tts",
+                "module": "hibari",
+                "min_version": "0.2.1",
+                "extra": "audio",
+            },
+        },
+    },
 }
 
 _PCI_VENDORS = {"0x1002": "amd_gpu", "0x10de": "nvidia_gpu"}

@@ -19,6 +19,10 @@ __all__ = ["RECIPES", "engine_class"]
 RECIPES: dict[str, str] = {
     "llamacpp": "lemonkit.backends.llamacpp:LlamaCppEngine",
     "onnxruntime": "lemonkit.backends.onnx_embeddings:OnnxEmbeddingEngine",
+    "faster-whisper": "lemonkit.backends.whisper:FasterWhisperEngine",
+    "piper": "lemonkit.backends.tts.piper:PiperEngine",
+    "kokoro": "lemonkit.backends.tts.kokoro:KokoroEngine",
+    "hibari": "lemonkit.backends.tts.hibari:HibariEngine",
 }
 
 

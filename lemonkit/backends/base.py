@@ -2,17 +2,25 @@
 
 A sidecar (:mod:`lemonkit.backends.sidecar`) owns exactly one :class:`Engine`.
 It calls the engine's methods on one worker thread, one request at a time, in
-arrival order; the engine never sees the event loop or HTTP. A streaming method
-returns an iterator of OpenAI chunk dicts; the sidecar frames them as SSE,
-checks ``cancelled`` for the engine, and turns exceptions into error answers.
+arrival order; the engine never sees the event loop or HTTP. What a method
+returns decides the answer: a dict is a JSON body; an iterator of dicts is an
+SSE stream (the sidecar frames each, then ``data: [DONE]``); :class:`Binary`
+is a body of bytes; :class:`BinaryStream` is a chunked body of bytes. The
+sidecar checks ``cancelled`` for the engine between items, and turns
+exceptions into error answers.
+
+Routes whose requests carry audio (``files=True`` in :data:`ROUTES`) receive the
+front's JSON with each ``files`` entry's base64 ``data`` already decoded: the
+engine gets ``body["files"]`` as a list of :class:`Upload`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypedDict
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol, TypedDict
 
-__all__ = ["ROUTES", "Cancelled", "Engine", "LoadSpec"]
+__all__ = ["ROUTES", "Binary", "BinaryStream", "Cancelled", "Engine", "LoadSpec", "SidecarRoute", "Upload"]
 
 Cancelled = Callable[[], bool]
 
@@ -27,6 +35,33 @@ class LoadSpec(TypedDict, total=False):
     mmproj_path: str | None
     chat_format: str | None
     options: dict[str, Any]  # resolved recipe options: ctx_size, llamacpp_args, ...
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One uploaded file of a request (``body["files"]`` on a ``files`` route)."""
+
+    filename: str
+    content: bytes
+    content_type: str = "application/octet-stream"
+
+
+@dataclass
+class Binary:
+    """A non-JSON answer: ``content`` with its ``media_type`` (an encoded audio file, say)."""
+
+    content: bytes
+    media_type: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class BinaryStream:
+    """A chunked non-JSON answer: each chunk is sent as it is produced (raw PCM as it is synthesised, say)."""
+
+    chunks: Iterator[bytes]
+    media_type: str
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class Engine(Protocol):
@@ -48,6 +83,15 @@ class Engine(Protocol):
         """``/v1/rerank``."""
         ...
 
+    # The methods of the other modalities are optional: the sidecar answers 400 ``model_not_applicable`` for a
+    # route whose method the engine lacks. Speech-to-text engines implement
+    #   transcribe(body, *, cancelled)        body["files"][0] is the audio; a dict, or dict events when streaming
+    #   align(body, *, cancelled)             body["files"][0] and body["text"]
+    #   transcribe_batch(body, *, cancelled)  one event per body["files"] entry as each is done
+    # and text-to-speech engines
+    #   speak(body, *, cancelled)             Binary (an encoded file), BinaryStream (raw PCM) or dict events
+    #   voices(body)                          {"voices": [...]}
+
     def stats(self) -> dict[str, Any]:
         """``/v1/stats`` fields for the last request this engine served."""
         ...
@@ -59,10 +103,27 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-#: sidecar path -> (engine method, takes ``cancelled``)
-ROUTES: dict[str, tuple[str, bool]] = {
-    "/v1/chat/completions": ("chat", True),
-    "/v1/completions": ("complete", True),
-    "/v1/embeddings": ("embed", False),
-    "/v1/rerank": ("rerank", False),
+class SidecarRoute(NamedTuple):
+    """How the sidecar calls the engine for one path."""
+
+    method: str
+    #: the method takes ``cancelled`` (it can stop early when the client leaves)
+    cancellable: bool
+    #: the body's ``files`` entries carry base64 audio, decoded to :class:`Upload` before the call
+    files: bool = False
+
+
+#: sidecar path -> how it calls the engine. Engines of other modalities raise ModelNotApplicable for the rest.
+ROUTES: dict[str, SidecarRoute] = {
+    "/v1/chat/completions": SidecarRoute("chat", True),
+    "/v1/completions": SidecarRoute("complete", True),
+    "/v1/embeddings": SidecarRoute("embed", False),
+    "/v1/rerank": SidecarRoute("rerank", False),
+    # speech-to-text: transcribe() answers /transcriptions, /details, /live and /realtime (the front shapes them)
+    "/v1/audio/transcriptions": SidecarRoute("transcribe", True, files=True),
+    "/v1/audio/alignments": SidecarRoute("align", True, files=True),
+    "/v1/batches/transcriptions": SidecarRoute("transcribe_batch", True, files=True),
+    # text-to-speech
+    "/v1/audio/speech": SidecarRoute("speak", True),
+    "/v1/audio/voices": SidecarRoute("voices", False),
 }

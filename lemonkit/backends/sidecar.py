@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
 import json
 import os
 import socket
@@ -29,8 +31,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from lemonkit.backends import engine_class
-from lemonkit.backends.base import ROUTES, Engine, LoadSpec
-from lemonkit.errors import BackendError, LemonkitError
+from lemonkit.backends.base import ROUTES, Binary, BinaryStream, Engine, LoadSpec, Upload
+from lemonkit.errors import BackendError, InvalidArgument, LemonkitError, ModelNotApplicable
 
 __all__ = ["create_app", "main"]
 
@@ -49,8 +51,31 @@ def _sse_error(exc: BaseException) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
+class _Head:
+    """The first item of an answer that streams: SSE, or raw bytes of ``media_type``."""
+
+    def __init__(self, media_type: str = "text/event-stream", headers: dict[str, str] | None = None) -> None:
+        self.media_type = media_type
+        self.headers = headers or {}
+
+    @property
+    def sse(self) -> bool:
+        return self.media_type == "text/event-stream"
+
+
+class _Value:
+    """The whole answer of a call that does not stream: a JSON value or :class:`Binary`."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
 class _Stream:
-    """Runs an engine iterator on the worker thread and hands SSE frames to the loop."""
+    """Runs one engine call on the worker thread and hands its answer to the loop, item by item.
+
+    The queue receives an exception, a :class:`_Value`, or a :class:`_Head` followed by the stream's bytes;
+    then ``_END``.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -62,55 +87,113 @@ class _Stream:
 
     def run(self, make: Any) -> None:
         try:
-            chunks: Iterator[dict[str, Any]] = make(self.cancel.is_set)
-            for chunk in chunks:
-                if self.cancel.is_set():
-                    return
-                self._put(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            self._put(b"data: [DONE]\n\n")
+            result = make(self.cancel.is_set)
+            if isinstance(result, (dict, list, Binary)):
+                self._put(_Value(result))
+            elif isinstance(result, BinaryStream):
+                self._put(_Head(result.media_type, result.headers))
+                for part in result.chunks:
+                    if self.cancel.is_set():
+                        return
+                    if part:
+                        self._put(part)
+            else:
+                self._put(_Head())
+                events: Iterator[dict[str, Any]] = result
+                for chunk in events:
+                    if self.cancel.is_set():
+                        return
+                    self._put(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self._put(b"data: [DONE]\n\n")
         except Exception as exc:
             self._put(exc)
         finally:
             self._put(_END)
 
 
+def _uploads(body: dict[str, Any]) -> None:
+    """Replace ``body["files"]`` (``[{"filename", "content_type", "data": base64}]``) with :class:`Upload` objects.
+
+    Raises:
+        InvalidArgument: ``files`` is not shaped so.
+    """
+    files = body.get("files")
+    if not isinstance(files, list) or not all(isinstance(f, dict) and isinstance(f.get("data"), str) for f in files):
+        raise InvalidArgument("'files' must be a list of {filename, content_type, data (base64)}")
+    try:
+        body["files"] = [
+            Upload(
+                filename=str(f.get("filename") or "audio"),
+                content=base64.b64decode(f["data"], validate=True),
+                content_type=str(f.get("content_type") or "application/octet-stream"),
+            )
+            for f in files
+        ]
+    except binascii.Error as exc:
+        raise InvalidArgument(f"'files' holds data that is not base64: {exc}") from None
+
+
+def _expects_sse(body: dict[str, Any]) -> bool:
+    """Whether the front asked for an SSE stream, whose headers go out before the engine starts (then pings)."""
+    return body.get("stream") is True and body.get("stream_format", "sse") == "sse"
+
+
 def create_app(engine: Engine, *, ping_interval: float = 10.0) -> Starlette:
-    """The ASGI app serving ``engine``: the OpenAI routes it implements, ``/health`` and ``/stats``."""
+    """The ASGI app serving ``engine``: the routes of :data:`~lemonkit.backends.base.ROUTES`, ``/health`` and
+    ``/stats``."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")  # FIFO: requests queue fairly
 
     async def run_route(request: Request) -> Response:
-        method_name, streams = ROUTES[request.url.path]
+        route = ROUTES[request.url.path]
         try:
             body = await request.json()
         except ValueError:
             return _error_response(LemonkitError("sidecar got a non-JSON body", status=400, code="invalid_json"))
-        method = getattr(engine, method_name)
-        loop = asyncio.get_running_loop()
-        if not (streams and body.get("stream")):
-            gone = threading.Event()
-            watcher = asyncio.ensure_future(_until_disconnect(request, gone))
-            try:
-                if streams:  # a client that leaves stops the engine at its next token here too
-                    result = await loop.run_in_executor(executor, lambda: method(body, cancelled=gone.is_set))
-                else:
-                    result = await loop.run_in_executor(executor, method, body)
-            except Exception as exc:
-                return _error_response(exc)
-            finally:
-                watcher.cancel()
-            return JSONResponse(result)
+        if not isinstance(body, dict):
+            return _error_response(LemonkitError("sidecar got a non-object body", status=400, code="invalid_json"))
+        method = getattr(engine, route.method, None)
+        if method is None:
+            kind = engine.info().get("type", "this")
+            return _error_response(ModelNotApplicable(f"{kind} models do not serve {request.url.path}"))
 
+        def call(cancelled: Any) -> Any:
+            if route.files:
+                _uploads(body)
+            return method(body, cancelled=cancelled) if route.cancellable else method(body)
+
+        loop = asyncio.get_running_loop()
         stream = _Stream(loop)
-        executor.submit(stream.run, lambda cancelled: method(body, cancelled=cancelled))
-        # Hold the headers back briefly so that errors the engine finds up front keep their HTTP status.
+        executor.submit(stream.run, call)
+        sse = _expects_sse(body)
+        watcher = None if sse else asyncio.ensure_future(_until_disconnect(request, stream.cancel))
         try:
-            async with asyncio.timeout(min(ping_interval, 2.0)):
+            if sse:  # hold the headers back briefly, so that errors found up front keep their HTTP status
+                try:
+                    async with asyncio.timeout(min(ping_interval, 2.0)):
+                        first = await stream.queue.get()
+                except TimeoutError:
+                    first = _Head()
+            else:  # a client that leaves meanwhile stops the engine at its next step
                 first = await stream.queue.get()
-        except TimeoutError:
-            first = None
+            if isinstance(first, _Head) and not first.sse:
+                after = await stream.queue.get()  # a raw stream's headers wait for its first bytes or error
+                first = after if isinstance(after, BaseException) else [first, after]
+        finally:
+            if watcher is not None:
+                watcher.cancel()
         if isinstance(first, BaseException):
             await stream.queue.get()  # _END
             return _error_response(first)
+        if isinstance(first, _Value):
+            await stream.queue.get()  # _END
+            if isinstance(first.value, Binary):
+                return Response(first.value.content, media_type=first.value.media_type, headers=first.value.headers)
+            return JSONResponse(first.value)
+        if isinstance(first, list):  # a raw stream, with its first bytes
+            head, data = first
+            return StreamingResponse(_raw(stream, data), media_type=head.media_type, headers=head.headers)
+        if isinstance(first, _Head):  # SSE: the frames follow
+            first = None
         return StreamingResponse(_frames(stream, first, ping_interval), media_type="text/event-stream")
 
     async def health(request: Request) -> Response:
@@ -129,6 +212,20 @@ async def _until_disconnect(request: Request, gone: threading.Event) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
     gone.set()
+
+
+async def _raw(stream: _Stream, first: Any) -> AsyncIterator[bytes]:
+    """A raw stream's bytes. An error after the headers aborts the body before its last chunk, so the front sees a
+    broken stream rather than a short one that looks complete."""
+    item = first
+    try:
+        while item is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            item = await stream.queue.get()
+    finally:
+        stream.cancel.set()
 
 
 async def _frames(stream: _Stream, first: Any, ping_interval: float) -> AsyncIterator[bytes]:
@@ -157,6 +254,8 @@ async def _frames(stream: _Stream, first: Any, ping_interval: float) -> AsyncIte
                 return
             if item is _PING:
                 yield b": ping\n\n"
+            elif isinstance(item, _Head):
+                pass  # the stream's head, arrived after the headers went out
             else:
                 yield _sse_error(item) if isinstance(item, BaseException) else item
             item = None

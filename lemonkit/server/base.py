@@ -9,6 +9,7 @@ authentication. See :func:`lemonkit.server.routes.build`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -20,6 +21,7 @@ from tornado import web, websocket
 from tornado.iostream import StreamClosedError
 
 from lemonkit import schemas
+from lemonkit.backends.base import Upload
 from lemonkit.errors import BackendError, InvalidJSON, InvalidRequest, LemonkitError, NotFound
 from lemonkit.server.bodies import parse_json
 from lemonkit.server.service import SETTINGS_KEY, Service
@@ -36,6 +38,7 @@ __all__ = ["SSE_HEADERS", "LemonkitHandler", "LemonkitWebSocket", "allow_unauthe
 
 log = logging.getLogger("lemonkit.server")
 
+JSON = "application/json"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _HTTP_CODES = {401: "invalid_api_key", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
 
@@ -176,15 +179,26 @@ class LemonkitHandler(_Base):
 
     # -- talking to a model's sidecar ----------------------------------------------------------------------------
 
-    async def sidecar_request(self, model: LoadedModel, path: str, body: dict[str, Any]) -> httpx.Response:
+    async def sidecar_request(
+        self, model: LoadedModel, path: str, body: dict[str, Any], *, files: list[Upload] | None = None
+    ) -> httpx.Response:
         """POST ``body`` to the sidecar; the response is open for streaming.
+
+        Args:
+            files: Audio for a ``files`` route of :data:`lemonkit.backends.base.ROUTES`: sent base64 in
+                ``body["files"]``, encoded off the event loop.
 
         Raises:
             BackendError: The sidecar is unreachable (it is discarded) or answered with an error.
         """
         client = model.client
+        if files is None:
+            request = client.build_request("POST", path, json=body)
+        else:
+            content = await asyncio.to_thread(_with_files, body, files)
+            request = client.build_request("POST", path, content=content, headers={"Content-Type": JSON})
         try:
-            response = await client.send(client.build_request("POST", path, json=body), stream=True)
+            response = await client.send(request, stream=True)
         except httpx.TransportError as exc:
             self.service.manager.discard(model)
             raise BackendError(
@@ -196,8 +210,11 @@ class LemonkitHandler(_Base):
             raise _sidecar_error(raw, response.status_code)
         return response
 
-    async def sidecar_json(self, model: LoadedModel, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = await self.sidecar_request(model, path, body)
+    async def sidecar_json(
+        self, model: LoadedModel, path: str, body: dict[str, Any], *, files: list[Upload] | None = None
+    ) -> dict[str, Any]:
+        """POST ``body`` (and ``files``) to the sidecar and return its JSON answer (see :meth:`sidecar_request`)."""
+        response = await self.sidecar_request(model, path, body, files=files)
         try:
             raw = await response.aread()
         except httpx.TransportError:
@@ -225,6 +242,14 @@ class LemonkitHandler(_Base):
             )
         finally:
             await response.aclose()
+
+
+def _with_files(body: dict[str, Any], files: list[Upload]) -> bytes:
+    encoded = [
+        {"filename": f.filename, "content_type": f.content_type, "data": base64.b64encode(f.content).decode()}
+        for f in files
+    ]
+    return json.dumps({**body, "files": encoded}).encode()
 
 
 def error_event(err: LemonkitError) -> bytes:
