@@ -140,12 +140,22 @@ class TranscriptionPanel(_AudioPanel):
 
         try:
             transcript = self.client.transcribe(data, self.model, language=self.language)
+            if "webm" in self.audio_type:
+                self._playable(transcript)
             self.result = transcript
             self.transcript = words_of(transcript)
         finally:
             self.busy = False
         self.plot = png(transcript.plot())
         return transcript
+
+    def _playable(self, transcript: Transcript) -> None:
+        """A browser's recording (WebM from MediaRecorder) carries no duration, so its player cannot seek: play it
+        as WAV instead."""
+        clip = transcript.audio
+        if clip is not None:
+            self.audio_type = "audio/wav"
+            self.audio = clip.to_bytes("wav")
 
 
 _MEDIA_TYPES = {

@@ -61,7 +61,8 @@ function render({ model, el }) {
     },
     audio: () => {
       const url = bytesUrl(urls.audio, model.get("audio"), model.get("audio_type"));
-      player.src = url;
+      if (url) player.src = url;
+      else player.removeAttribute("src");
       player.hidden = !url;
       download.hidden = !url;
       if (url) download.href = url;

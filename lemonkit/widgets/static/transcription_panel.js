@@ -118,8 +118,10 @@ function render({ model, el }) {
       if (!recorder) status.textContent = busy ? `Transcribing ${model.get("source")}…` : describe(model.get("transcript"));
     },
     audio: () => {
-      player.src = bytesUrl(urls.audio, model.get("audio"), model.get("audio_type"));
-      player.hidden = !player.src;
+      const url = bytesUrl(urls.audio, model.get("audio"), model.get("audio_type"));
+      if (url) player.src = url;
+      else player.removeAttribute("src");
+      player.hidden = !url;
     },
     words: () => {
       const transcript = model.get("transcript");
@@ -142,8 +144,10 @@ function render({ model, el }) {
       highlight();
     },
     plot: () => {
-      plot.src = bytesUrl(urls.plot, model.get("plot"), "image/png");
-      plot.hidden = !plot.src;
+      const url = bytesUrl(urls.plot, model.get("plot"), "image/png");
+      if (url) plot.src = url;
+      else plot.removeAttribute("src");
+      plot.hidden = !url;
     },
   };
   const triggers = {
