@@ -57,8 +57,10 @@ def test_audio_notebook_panels_in_jupyterlab(tmp_path: Path) -> None:
         check_speech_panel(page)
         notebook.screenshot("speech-panel")
         check_upload_and_playhead(page, uploaded)
+        page.locator(".lk-transcription-panel .lk-plot").scroll_into_view_if_needed()
         notebook.screenshot("transcribed-upload")
         check_recording(page, loop_ms)
+        page.locator(".lk-transcription-panel .lk-plot").scroll_into_view_if_needed()
         notebook.screenshot("transcribed-recording")
 
 
