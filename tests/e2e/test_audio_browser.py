@@ -103,6 +103,7 @@ def _words(panel: Any) -> list[str]:
 def check_upload_and_playhead(page: Any, uploaded: Path) -> None:
     """An uploaded file is transcribed with its timing plot; the highlighted word follows the playhead."""
     panel = page.locator(".lk-transcription-panel")
+    assert panel.locator(".lk-plot").is_hidden() and panel.locator("audio.lk-player").is_hidden()  # nothing yet
     panel.get_by_label("Audio file to transcribe").set_input_files(str(uploaded))
     page.wait_for_selector('.lk-transcription-panel[data-busy="false"] .lk-word', timeout=TIMEOUT)
     assert _words(panel) == normalised_words(UPLOADED)
@@ -112,6 +113,7 @@ def check_upload_and_playhead(page: Any, uploaded: Path) -> None:
         "() => document.querySelector('.lk-transcription-panel .lk-plot')?.naturalWidth > 0", timeout=TIMEOUT
     )
     assert plot.is_visible()
+    assert not panel.locator(".lk-plot[hidden]").count()
 
     player = panel.locator("audio.lk-player")
     panel.locator('audio.lk-player[data-ready="true"]').wait_for(state="attached", timeout=TIMEOUT)
@@ -151,3 +153,6 @@ def check_recording(page: Any, loop_ms: float) -> None:
     player.wait_for(state="attached", timeout=TIMEOUT)
     # the recording plays back as the kernel's WAV: a seekable player whose length is the recording's
     assert player.evaluate("a => a.duration") == pytest.approx(2 * loop_ms / 1000, abs=1.5)
+    page.wait_for_function(  # the recording's own timing plot (the upload's was cleared when it started)
+        "() => document.querySelector('.lk-transcription-panel .lk-plot')?.naturalWidth > 0", timeout=TIMEOUT
+    )
