@@ -4,7 +4,9 @@ saved in every format and read back; the uploads ``transcribe`` builds from path
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -224,3 +226,19 @@ def test_requests() -> None:
     assert aligned.route == "audio/alignments" and aligned.form == {"model": "W", "text": "hi"}
     assert speech_body("hi", "P", None, 1.0) == {"model": "P", "input": "hi", "speed": 1.0, "response_format": "wav"}
     assert voices_of({"voices": ["a", {"id": "b"}, {"name": "c"}]}) == ["a", "b", "c"]
+
+
+def test_plain_python_needs_no_ipython(tmp_path: Path) -> None:
+    script = f"""
+import json, sys
+import lemonkit
+from lemonkit.transcripts import Transcript
+transcript = Transcript.from_answer({VERBOSE!r}, model="m")
+transcript.plot().savefig({str(tmp_path / "plot.png")!r})
+print(transcript)
+print(json.dumps([name for name in ("IPython", "anywidget", "ipywidgets") if name in sys.modules]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    text, loaded = done.stdout.splitlines()
+    assert text == "Hello there. General Kenobi." and json.loads(loaded) == []
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
