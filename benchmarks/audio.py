@@ -15,10 +15,7 @@ Sections (each a function taking the :class:`Bench`; add one to :data:`SECTIONS`
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +27,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from embeddings import _serve  # one embedded `lemonkit serve` per benchmark, started alike
 from speech import SENTENCES, speech_wav, word_error_rate
 
 WHISPER_MODELS = ("Whisper-Tiny-En-Bundled", "Whisper-Base-Bundled")
@@ -44,19 +42,6 @@ class Bench:
     api: httpx.Client
     cache: Path
     rounds: int
-
-
-def _serve(cache: Path) -> tuple[subprocess.Popen[bytes], str]:
-    env = {**os.environ, "LEMONADE_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
-    env.pop("LEMONADE_API_KEY", None)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "lemonkit.cli", "serve", "--port", "0", "--embedded"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
-    )
-    assert server.stdout is not None
-    return server, f"http://127.0.0.1:{json.loads(server.stdout.readline())['port']}/api/v1/"
 
 
 def _request(api: httpx.Client, model: str, audio: bytes) -> dict[str, Any]:
