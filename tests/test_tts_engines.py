@@ -136,7 +136,12 @@ def test_cancelled_synthesis_stops_between_sentences(engine: SpeechEngine) -> No
 
 
 def test_nothing_to_say_is_an_invalid_argument(engine: SpeechEngine) -> None:
-    for body in ({"input": "   "}, {"input": SENTENCE, "response_format": "aiff"}, {"input": "hi", "speed": 9}):
+    for body in (
+        {"input": "   "},
+        {"input": "-"},
+        {"input": SENTENCE, "response_format": "aiff"},
+        {"input": "hi", "speed": 9},
+    ):
         with pytest.raises(InvalidArgument):
             engine.speak(body, cancelled=never)
     with pytest.raises(InvalidArgument, match="pcm"):
@@ -213,7 +218,7 @@ def test_kokoro_layout_without_index_and_hostile_index(tmp_path: Path) -> None:
     hostile = tmp_path / "hostile"
     shutil.copytree(plain, hostile, symlinks=True)
     (hostile / "index.json").write_text(json.dumps({"model": "../plain/kokoro-v1.0.int8.onnx", "voices": "x"}))
-    with pytest.raises(ModelLoadError, match="outside"):
+    with pytest.raises(ModelLoadError, match="'..' segment"):
         find_model_files(hostile)
     with pytest.raises(ModelLoadError):
         find_model_files(tmp_path / "empty")

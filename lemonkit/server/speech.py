@@ -66,7 +66,11 @@ class SpeechHandler(InferenceHandler):
             raise BackendError(f"The engine of {model.name} died during the request; retry to reload it") from None
         finally:
             await response.aclose()
-        self.finish(content)
+        # Flushed before finish(): Jupyter's finish() would set the Content-Type to JSON while headers are unsent
+        self.set_header("Content-Length", str(len(content)))
+        self.write(content)
+        await self.flush()
+        self.finish()
 
     async def _relay(self, model: LoadedModel, response: httpx.Response) -> None:
         """Each chunk of raw audio as the sidecar sends it, until it ends or the client leaves."""
