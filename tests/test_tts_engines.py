@@ -218,7 +218,7 @@ def test_kokoro_layout_without_index_and_hostile_index(tmp_path: Path) -> None:
     hostile = tmp_path / "hostile"
     shutil.copytree(plain, hostile, symlinks=True)
     (hostile / "index.json").write_text(json.dumps({"model": "../plain/kokoro-v1.0.int8.onnx", "voices": "x"}))
-    with pytest.raises(ModelLoadError, match="'..' segment"):
+    with pytest.raises(ModelLoadError, match=r"'\.\.' segment"):
         find_model_files(hostile)
     with pytest.raises(ModelLoadError):
         find_model_files(tmp_path / "empty")
