@@ -105,6 +105,18 @@ async def test_raw_pcm_streams_one_chunk_per_sentence(host: Host) -> None:
             assert 4.0 < len(samples) / 22050 < 20.0 and np.abs(samples).max() > 0.05
 
 
+async def test_a_client_that_leaves_stops_the_synthesis(host: Host) -> None:
+    long_text = " ".join(f"This is sentence number {n} of a long story." for n in range(60))
+    async with host.client() as client:
+        async with client.stream("POST", "audio/speech", json=speech(input=long_text, stream=True)) as response:
+            first = await response.aiter_raw().__anext__()
+        assert len(first) > 0
+        # the sidecar serves one request at a time, in order: this answer comes once the abandoned one stopped
+        assert (await client.get("audio/voices", params={"model": PIPER})).status_code == 200
+        spoken = (await client.get("stats")).json()["audio"]["audio_duration_ms"]
+    assert spoken < 60 * 1500 / 2  # far less than the 60 sentences (about 1.5 s each)
+
+
 async def test_sse_stream(host: Host) -> None:
     async with host.client() as client:
         body = speech(input=SENTENCES, stream_format="sse", response_format="pcm")
