@@ -17,17 +17,14 @@ throughput of at least 0.95 of the direct one (``direct RTF / API RTF``). :func:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+from embedded_server import embedded_server
 
 MODELS = ("Piper-Joe-Medium-Bundled", "Hibari-Bundled", "Kokoro-82M-Int8-Bundled")
 TEXT = (
@@ -125,33 +122,14 @@ def print_rows(rows: list[dict]) -> None:
     print("API/direct is direct RTF / API RTF (throughput through the API relative to the engine; target >= 0.95)")
 
 
-def _serve(cache: Path) -> tuple[subprocess.Popen[bytes], str]:
-    env = {**os.environ, "LEMONADE_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
-    env.pop("LEMONADE_API_KEY", None)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "lemonkit.cli", "serve", "--port", "0", "--embedded"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
-    )
-    assert server.stdout is not None
-    return server, f"http://127.0.0.1:{json.loads(server.stdout.readline())['port']}/api/v1/"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lemonkit-bench-") as tmp:
-        server, api = _serve(Path(tmp))
-        try:
-            with httpx.Client(base_url=api, timeout=300) as client:
-                rows = tts_rows(client, Path(tmp), tuple(args.models), args.repeats)
-        finally:
-            assert server.stdin is not None
-            server.stdin.close()  # the embedded server exits when its stdin closes
-            server.wait(30)
+        with embedded_server(Path(tmp)) as api, httpx.Client(base_url=api, timeout=300) as client:
+            rows = tts_rows(client, Path(tmp), tuple(args.models), args.repeats)
     print(f"{len(TEXT)} characters, 3 sentences, medians of {args.repeats}")
     print_rows(rows)
 
