@@ -7,7 +7,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -126,6 +128,21 @@ async def test_a_client_that_leaves_stops_the_synthesis(host: Host) -> None:
         assert (await client.get("audio/voices", params={"model": PIPER})).status_code == 200
         spoken = (await client.get("stats")).json()["audio"]["audio_duration_ms"]
     assert spoken < 60 * 1500 / 2  # far less than the 60 sentences (about 1.5 s each)
+
+
+async def test_an_engine_that_dies_mid_stream_breaks_the_body(host: Host) -> None:
+    long_text = " ".join(f"This is sentence number {n} of a long story." for n in range(60))
+    async with host.client() as client:
+        async with client.stream("POST", "audio/speech", json=speech(input=long_text, stream=True)) as response:
+            chunks = response.aiter_raw()
+            await chunks.__anext__()
+            health = (await client.get("health")).json()
+            os.kill(next(m["pid"] for m in health["all_models_loaded"] if m["model_name"] == PIPER), signal.SIGKILL)
+            with pytest.raises(httpx.RemoteProtocolError):  # not a body that ends as if it were complete
+                async for _ in chunks:
+                    pass
+        assert PIPER not in await loaded(client)  # discarded; the next request loads it again
+        assert (await client.post("audio/speech", json=speech())).status_code == 200
 
 
 async def test_sse_stream(host: Host) -> None:
