@@ -15,8 +15,8 @@ import httpx
 from tornado.iostream import StreamClosedError
 
 from lemonkit import config
-from lemonkit.backends.tts import streaming_mode
-from lemonkit.errors import BackendError, InvalidArgument
+from lemonkit.backends.tts import response_format, streaming_mode
+from lemonkit.errors import BackendError
 from lemonkit.inference import loaded_model
 from lemonkit.manager import LoadedModel
 from lemonkit.server.openai import InferenceHandler, ModelRouteHandler
@@ -36,9 +36,7 @@ class SpeechHandler(InferenceHandler):
 
     def json_body(self, *, optional: bool = False) -> dict[str, Any]:
         body = super().json_body(optional=optional)
-        stream = streaming_mode(body)
-        if stream and body.get("response_format", "pcm") != "pcm":
-            raise InvalidArgument(f"response_format: a stream carries pcm only, not {body['response_format']!r}")
+        response_format(body)  # a stream of mp3, say: refused before the model loads
         return body
 
     async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
@@ -63,10 +61,16 @@ class SpeechHandler(InferenceHandler):
             content = await response.aread()
         except httpx.TransportError:
             self.service.manager.discard(model)
-            raise BackendError(f"The engine of {model.name} died during the request; retry to reload it") from None
+            raise BackendError(
+                f"The engine of {model.name} died during the request; retry to reload it", status=502
+            ) from None
         finally:
             await response.aclose()
-        self.finish(content)
+        # Flushed before finish(): Jupyter's finish() would set the Content-Type to JSON while headers are unsent
+        self.set_header("Content-Length", str(len(content)))
+        self.write(content)
+        await self.flush()
+        self.finish()
 
     async def _relay(self, model: LoadedModel, response: httpx.Response) -> None:
         """Each chunk of raw audio as the sidecar sends it, until it ends or the client leaves."""

@@ -60,6 +60,7 @@ __all__ = [
     "l16_media_type",
     "package_version",
     "physical_cores",
+    "response_format",
     "sentences",
     "streaming_mode",
 ]
@@ -119,6 +120,21 @@ def streaming_mode(body: dict[str, Any]) -> str | None:
     if stream_format == "audio" or body.get("stream") is True:
         return "audio"
     return None
+
+
+def response_format(body: dict[str, Any]) -> str:
+    """The format of the answer: ``response_format``, by default ``mp3``, or ``pcm`` when streaming.
+
+    Raises:
+        InvalidArgument: An unknown format, or one other than ``pcm`` for a stream.
+    """
+    stream = streaming_mode(body)
+    fmt = body.get("response_format") or ("pcm" if stream else "mp3")
+    if fmt not in RESPONSE_FORMATS:
+        raise InvalidArgument(f"response_format: expected one of {', '.join(RESPONSE_FORMATS)}, got {fmt!r}")
+    if stream and fmt != "pcm":
+        raise InvalidArgument(f"response_format: a stream carries pcm only, not {fmt!r}")
+    return str(fmt)
 
 
 @dataclass(frozen=True)
@@ -239,11 +255,7 @@ class SpeechEngine:
         if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not low <= speed <= high:
             raise InvalidArgument(f"speed: this model speaks at {low} to {high} times its normal rate, not {speed!r}")
         stream = streaming_mode(body)
-        fmt = body.get("response_format") or ("pcm" if stream else "mp3")
-        if fmt not in RESPONSE_FORMATS:
-            raise InvalidArgument(f"response_format: expected one of {', '.join(RESPONSE_FORMATS)}, got {fmt!r}")
-        if stream and fmt != "pcm":
-            raise InvalidArgument(f"response_format: a stream carries pcm only, not {fmt!r}")
+        fmt = response_format(body)
         seed = body.get("seed")
         return SpeechRequest(
             text=text,

@@ -22,6 +22,7 @@ import numpy as np
 from lemonkit.backends.base import LoadSpec
 from lemonkit.backends.tts import SpeechEngine, package_version
 from lemonkit.errors import ModelLoadError
+from lemonkit.hf_cache import safe_relpath
 
 __all__ = ["KokoroEngine", "find_model_files"]
 
@@ -58,12 +59,8 @@ def find_model_files(root: Path) -> tuple[Path, Path]:
 
 
 def _inside(root: Path, name: Any) -> Path:
-    if not isinstance(name, str):
-        raise TypeError(f"{name!r} is not a file name")
-    path = (root / name).resolve()
-    if not path.is_relative_to(root.resolve()):
-        raise ValueError(f"{name!r} is outside the model directory")
-    return path
+    # checked as written, not resolved: in the Hugging Face cache every file is a link out to blobs/
+    return root / safe_relpath(name, what="index.json names a file that")
 
 
 class KokoroEngine(SpeechEngine):
