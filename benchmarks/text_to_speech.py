@@ -9,8 +9,8 @@ For each bundled voice (Piper joe, Hibari heart, Kokoro int8), the same text is 
 Measured: the real-time factor (wall seconds per second of audio; buffered ``pcm``, so no encoding cost on either
 side) and the time to the first chunk of a raw PCM stream (``stream_format: "audio"``). The target is an API
 throughput of at least 0.95 of the direct one (``direct RTF / API RTF``). :func:`tts_rows` is what
-``benchmarks/audio.py`` calls for its text-to-speech section (``from text_to_speech import tts_rows, print_rows``;
-this file is not ``speech.py``, which ``tests/speech.py`` would shadow there).
+``benchmarks/audio.py`` runs as its ``tts`` section (``from text_to_speech import section``; this file is not
+``speech.py``, which ``tests/speech.py`` would shadow there).
 
     python benchmarks/text_to_speech.py [--repeats 5]
 """
@@ -107,6 +107,12 @@ def tts_rows(client: httpx.Client, cache: Path, models: tuple[str, ...] = MODELS
             }
         )
     return rows
+
+
+def section(bench: Any) -> None:
+    """``benchmarks/audio.py``'s ``tts`` section: ``bench`` has ``api`` (the client), ``cache`` and ``rounds``."""
+    print(f"\n## text-to-speech: {len(TEXT)} characters, 3 sentences, median of {bench.rounds} rounds")
+    print_rows(tts_rows(bench.api, bench.cache, repeats=bench.rounds))
 
 
 def print_rows(rows: list[dict]) -> None:
