@@ -16,7 +16,6 @@ from tornado.iostream import StreamClosedError
 
 from lemonkit import config
 from lemonkit.backends.tts import response_format, streaming_mode
-from lemonkit.errors import BackendError
 from lemonkit.inference import loaded_model
 from lemonkit.manager import LoadedModel
 from lemonkit.server.openai import InferenceHandler, ModelRouteHandler
@@ -57,15 +56,7 @@ class SpeechHandler(InferenceHandler):
         if stream == "audio":
             await self._relay(model, response)
             return
-        try:
-            content = await response.aread()
-        except httpx.TransportError:
-            self.service.manager.discard(model)
-            raise BackendError(
-                f"The engine of {model.name} died during the request; retry to reload it", status=502
-            ) from None
-        finally:
-            await response.aclose()
+        content = await self.sidecar_body(model, response)
         # Flushed before finish(): Jupyter's finish() would set the Content-Type to JSON while headers are unsent
         self.set_header("Content-Length", str(len(content)))
         self.write(content)

@@ -9,9 +9,10 @@ For each bundled voice (Piper joe, Hibari heart, Kokoro int8), the same text is 
 Measured: the real-time factor (wall seconds per second of audio; buffered ``pcm``, so no encoding cost on either
 side) and the time to the first chunk of a raw PCM stream (``stream_format: "audio"``). The target is an API
 throughput of at least 0.95 of the direct one (``direct RTF / API RTF``). :func:`tts_rows` is what
-``benchmarks/audio.py`` calls for its text-to-speech section.
+``benchmarks/audio.py`` runs as its ``tts`` section (``from text_to_speech import section``; this file is not
+``speech.py``, which ``tests/speech.py`` would shadow there).
 
-    python benchmarks/speech.py [--repeats 5]
+    python benchmarks/text_to_speech.py [--repeats 5]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from embedded_server import embedded_server
+from embeddings import _serve  # one embedded `lemonkit serve` per benchmark, started alike
 
 MODELS = ("Piper-Joe-Medium-Bundled", "Hibari-Bundled", "Kokoro-82M-Int8-Bundled")
 TEXT = (
@@ -108,6 +109,12 @@ def tts_rows(client: httpx.Client, cache: Path, models: tuple[str, ...] = MODELS
     return rows
 
 
+def section(bench: Any) -> None:
+    """``benchmarks/audio.py``'s ``tts`` section: ``bench`` has ``api`` (the client), ``cache`` and ``rounds``."""
+    print(f"\n## text-to-speech: {len(TEXT)} characters, 3 sentences, median of {bench.rounds} rounds")
+    print_rows(tts_rows(bench.api, bench.cache, repeats=bench.rounds))
+
+
 def print_rows(rows: list[dict]) -> None:
     print(
         f"{'model':<26} {'audio s':>7} {'RTF direct':>10} {'RTF API':>8} {'API/direct':>10} "
@@ -128,8 +135,14 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lemonkit-bench-") as tmp:
-        with embedded_server(Path(tmp)) as api, httpx.Client(base_url=api, timeout=300) as client:
-            rows = tts_rows(client, Path(tmp), tuple(args.models), args.repeats)
+        server, api = _serve(Path(tmp))
+        try:
+            with httpx.Client(base_url=api, timeout=300) as client:
+                rows = tts_rows(client, Path(tmp), tuple(args.models), args.repeats)
+        finally:
+            assert server.stdin is not None
+            server.stdin.close()  # the embedded server exits when its stdin closes
+            server.wait(30)
     print(f"{len(TEXT)} characters, 3 sentences, medians of {args.repeats}")
     print_rows(rows)
 
