@@ -5,6 +5,8 @@ In a notebook or a script::
     import lemonkit
     lemonkit.chat("Explain entropy in two sentences")   # streams, returns a ChatResult
     lemonkit.models()                                    # a model browser in a notebook
+    lemonkit.transcribe("talk.wav").plot()               # every word timed, over the waveform
+    lemonkit.speak("Hello there.")                       # plays inline
 
 Every function uses one shared :class:`Client` (:func:`default_client`), which finds its server (the Jupyter
 server of this kernel, ``LEMONKIT_URL``, a running ``lemonkit serve``) or starts an embedded one.
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from lemonkit.api import (
+    align,
     async_openai_client,
     chat,
     complete,
@@ -27,9 +30,12 @@ from lemonkit.api import (
     openai_url,
     pull,
     rerank,
+    speak,
     stats,
     structured,
+    transcribe,
     unload,
+    voices,
 )
 from lemonkit.client import AsyncClient, Client, ServerUnavailable
 from lemonkit.conversation import Chat
@@ -49,11 +55,14 @@ from lemonkit.mapping import MapError, MapResult
 from lemonkit.mapping import map_items as map
 from lemonkit.provenance import ReplayResult, replay
 from lemonkit.results import ChatResult, ModelList, RankedDocument, Ranking
+from lemonkit.speech import AudioClip, Speech
+from lemonkit.transcripts import Segment, Transcript, Word
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
+    "AudioClip",
     "Chat",
     "ChatResult",
     "Client",
@@ -72,10 +81,15 @@ __all__ = [
     "RankedDocument",
     "Ranking",
     "ReplayResult",
+    "Segment",
     "ServerUnavailable",
+    "Speech",
     "StructuredOutputError",
+    "Transcript",
     "Unauthorized",
+    "Word",
     "__version__",
+    "align",
     "async_openai_client",
     "chat",
     "complete",
@@ -90,14 +104,17 @@ __all__ = [
     "pull",
     "replay",
     "rerank",
+    "speak",
     "stats",
     "structured",
+    "transcribe",
     "unload",
+    "voices",
 ]
 
 
 # -- widgets: imported on first use (anywidget and ipywidgets cost an import a server or script never needs) ----
-_WIDGETS = {"ChatPanel", "DownloadBar", "ModelBrowser"}
+_WIDGETS = {"ChatPanel", "DownloadBar", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"}
 
 
 def __getattr__(name: str) -> Any:

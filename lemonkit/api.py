@@ -7,15 +7,19 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
+from lemonkit.audio_methods import AudioInput
 from lemonkit.client import Client, Event
 from lemonkit.errors import DownloadError, error_from_body
 from lemonkit.inference import Embeddings, Messages
 from lemonkit.results import ChatResult, ModelList, Ranking
+from lemonkit.speech import Speech
+from lemonkit.transcripts import Transcript
 
 if TYPE_CHECKING:
     import openai
 
 __all__ = [
+    "align",
     "async_openai_client",
     "chat",
     "complete",
@@ -28,9 +32,12 @@ __all__ = [
     "openai_url",
     "pull",
     "rerank",
+    "speak",
     "stats",
     "structured",
+    "transcribe",
     "unload",
+    "voices",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -208,6 +215,50 @@ def health() -> dict[str, Any]:
 @_doc_of(Client.stats)
 def stats() -> dict[str, Any]:
     return default_client().stats()
+
+
+@_doc_of(Client.transcribe)
+def transcribe(
+    audio: AudioInput,
+    model: str | None = None,
+    *,
+    sample_rate: int | None = None,
+    language: str | None = None,
+    prompt: str | None = None,
+    temperature: float | None = None,
+    words: bool = True,
+) -> Transcript:
+    return default_client().transcribe(
+        audio,
+        model,
+        sample_rate=sample_rate,
+        language=language,
+        prompt=prompt,
+        temperature=temperature,
+        words=words,
+    )
+
+
+@_doc_of(Client.align)
+def align(
+    audio: AudioInput,
+    text: str,
+    model: str | None = None,
+    *,
+    sample_rate: int | None = None,
+    language: str | None = None,
+) -> Transcript:
+    return default_client().align(audio, text, model, sample_rate=sample_rate, language=language)
+
+
+@_doc_of(Client.speak)
+def speak(text: str, model: str | None = None, *, voice: str | None = None, speed: float = 1.0) -> Speech:
+    return default_client().speak(text, model, voice=voice, speed=speed)
+
+
+@_doc_of(Client.voices)
+def voices(model: str | None = None) -> list[str]:
+    return default_client().voices(model)
 
 
 # -- other OpenAI clients ------------------------------------------------------------------------------------------

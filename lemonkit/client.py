@@ -38,6 +38,7 @@ import httpx
 from httpx_sse import EventSource, ServerSentEvent
 
 from lemonkit import records
+from lemonkit.audio_methods import AsyncAudioMethods, SyncAudioMethods
 from lemonkit.config import DEFAULT_PORT
 from lemonkit.errors import InvalidArgument, LemonkitError, error_from_body
 from lemonkit.methods import AsyncMethods, SyncMethods
@@ -259,13 +260,15 @@ def _stop_embedded(process: subprocess.Popen[str], owner: int | None = None) -> 
 # -- requests and answers ----------------------------------------------------------------------------------------
 
 
-def _result(response: httpx.Response) -> Any:
+def _result(response: httpx.Response, raw: bool = False) -> Any:
     if response.status_code >= 400:
         try:
             body = response.json()
         except ValueError:
             body = None
         raise error_from_body(response.status_code, body, response.text)
+    if raw:
+        return response.content
     try:
         return response.json()
     except ValueError:
@@ -362,11 +365,12 @@ class _Base:
         return self._server
 
 
-class Client(_Base, SyncMethods):
+class Client(_Base, SyncMethods, SyncAudioMethods):
     """A synchronous client of one lemonkit server.
 
     Besides the management calls here, it has the Python API's methods (``chat``, ``complete``, ``structured``,
-    ``embed``, ``rerank``, ``models``, ``stats``: see :class:`lemonkit.methods.SyncMethods`), which the module
+    ``embed``, ``rerank``, ``models``, ``stats``: see :class:`lemonkit.methods.SyncMethods`; ``transcribe``,
+    ``align``, ``speak``, ``voices``: see :class:`lemonkit.audio_methods.SyncAudioMethods`), which the module
     functions (``lemonkit.chat``, ...) call on :func:`lemonkit.default_client`.
 
     Args:
@@ -393,8 +397,11 @@ class Client(_Base, SyncMethods):
             self._http = httpx.Client(base_url=server.api + "/", headers=server.headers, timeout=_TIMEOUT)
         return self._http
 
-    def request(self, method: str, path: str, *, headers_out: dict[str, str] | None = None, **kwargs: Any) -> Any:
-        """One request; returns the JSON answer (and fills ``headers_out`` with the answer's headers).
+    def request(
+        self, method: str, path: str, *, headers_out: dict[str, str] | None = None, raw: bool = False, **kwargs: Any
+    ) -> Any:
+        """One request; returns the JSON answer, or with ``raw`` its bytes (and fills ``headers_out`` with the
+        answer's headers).
 
         Raises:
             LemonkitError: The server's error, as its class (by ``code``).
@@ -406,7 +413,7 @@ class Client(_Base, SyncMethods):
             raise ServerUnavailable(f"lemonkit server at {self._located().api} unreachable: {exc}") from exc
         if headers_out is not None:
             headers_out.update(response.headers)
-        return _result(response)
+        return _result(response, raw)
 
     def events(self, path: str, body: dict[str, Any], *, headers_out: dict[str, str] | None = None) -> Iterator[Event]:
         """POST ``body`` and yield the server-sent events of the answer, up to ``[DONE]`` or the end (filling
@@ -506,7 +513,7 @@ class Client(_Base, SyncMethods):
         self.close()
 
 
-class AsyncClient(_Base, AsyncMethods):
+class AsyncClient(_Base, AsyncMethods, AsyncAudioMethods):
     """The asynchronous twin of :class:`Client` (same arguments, same methods, awaitable)."""
 
     def __init__(self, url: str | None = None, *, token: str | None = None, start: bool = True) -> None:
@@ -526,7 +533,9 @@ class AsyncClient(_Base, AsyncMethods):
             self._http = httpx.AsyncClient(base_url=server.api + "/", headers=server.headers, timeout=_TIMEOUT)
         return self._http
 
-    async def request(self, method: str, path: str, *, headers_out: dict[str, str] | None = None, **kwargs: Any) -> Any:
+    async def request(
+        self, method: str, path: str, *, headers_out: dict[str, str] | None = None, raw: bool = False, **kwargs: Any
+    ) -> Any:
         client = await self._client()
         try:
             response = await client.request(method, path, **kwargs)
@@ -534,7 +543,7 @@ class AsyncClient(_Base, AsyncMethods):
             raise ServerUnavailable(f"lemonkit server at {client.base_url} unreachable: {exc}") from exc
         if headers_out is not None:
             headers_out.update(response.headers)
-        return _result(response)
+        return _result(response, raw)
 
     async def events(
         self, path: str, body: dict[str, Any], *, headers_out: dict[str, str] | None = None

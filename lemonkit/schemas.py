@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from lemonkit.audio import ENCODINGS
 from lemonkit.errors import InvalidArgument, InvalidJSON, MissingArgument
 from lemonkit.llamacpp_args import FORBIDDEN_LLAMACPP_FLAGS
 
@@ -505,6 +506,44 @@ PULL = Obj(
     },
     required=["model_name"],
 )
+TRANSCRIPTION_FORMATS = ("json", "verbose_json", "text", "srt", "vtt")
+#: the fields every speech-to-text route takes; ``audio`` is the JSON form's server-local path
+_STT: dict[str, Schema] = {
+    "model": STR,
+    "audio": STR,
+    "language": STR,
+    "prompt": STR,
+    "temperature": Num(0, 1),
+    "timestamp_granularities": Arr(Str(["word", "segment"])),
+}
+TRANSCRIPTION = Obj(
+    {**_STT, "response_format": Str(TRANSCRIPTION_FORMATS), "stream": BOOL},
+    required=["model"],
+)
+ALIGNMENT = Obj({**_STT, "text": STR}, required=["model", "text"])
+BATCH_TRANSCRIPTION = Obj({**_STT, "audio": OneOf(STR, Arr(STR, min_items=1))}, required=["model"])
+
+
+def _speakable(value: str, path: str) -> None:
+    if not value.strip():
+        raise _bad(path, "the text to speak must not be empty")
+
+
+#: POST /v1/audio/speech. ``speed`` takes OpenAI's range; an engine that takes less answers 400 naming its own
+SPEECH = Obj(
+    {
+        "model": STR,
+        "input": Str(rule=_speakable),
+        "voice": STR,
+        "speed": Num(0.25, 4.0),
+        "response_format": Str((*ENCODINGS, "json")),
+        "stream": BOOL,
+        "stream_format": Str(["audio", "sse"]),
+        "seed": INT,
+        "instructions": STR,
+    },
+    required=["input", "model"],
+)
 DOWNLOADS_CONTROL = Obj({"id": STR, "action": Str(["pause", "cancel", "remove"])}, required=["id", "action"])
 DELETE = Obj({"model_name": STR}, required=["model_name"])
 
@@ -522,6 +561,10 @@ ROUTES: dict[str, Obj] = {
     "pull": PULL,
     "downloads/control": DOWNLOADS_CONTROL,
     "delete": DELETE,
+    "audio/transcriptions": TRANSCRIPTION,
+    "audio/alignments": ALIGNMENT,
+    "batches/transcriptions": BATCH_TRANSCRIPTION,
+    "audio/speech": SPEECH,
 }
 
 

@@ -59,12 +59,12 @@ def lab_server(directory: Path, env: dict[str, str]) -> Iterator[JupyterServer]:
 
 
 @contextlib.contextmanager
-def chromium_page(width: int = 1400, height: int = 1000) -> Iterator[Any]:
-    """A page of a fresh headless chromium (playwright's ``Page``)."""
+def chromium_page(width: int = 1400, height: int = 1000, args: tuple[str, ...] = ()) -> Iterator[Any]:
+    """A page of a fresh headless chromium (playwright's ``Page``), launched with ``args`` besides :data:`FLAGS`."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=[*FLAGS, *args], headless=True)
         try:
             context = browser.new_context(viewport={"width": width, "height": height})
             context.grant_permissions(["clipboard-read", "clipboard-write"])

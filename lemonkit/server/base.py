@@ -215,8 +215,17 @@ class LemonkitHandler(_Base):
     ) -> dict[str, Any]:
         """POST ``body`` (and ``files``) to the sidecar and return its JSON answer (see :meth:`sidecar_request`)."""
         response = await self.sidecar_request(model, path, body, files=files)
+        result: dict[str, Any] = json.loads(await self.sidecar_body(model, response))
+        return result
+
+    async def sidecar_body(self, model: LoadedModel, response: httpx.Response) -> bytes:
+        """The whole body of an answer :meth:`sidecar_request` opened.
+
+        Raises:
+            BackendError: The sidecar died before the body ended (it is discarded).
+        """
         try:
-            raw = await response.aread()
+            return await response.aread()
         except httpx.TransportError:
             self.service.manager.discard(model)
             raise BackendError(
@@ -224,8 +233,6 @@ class LemonkitHandler(_Base):
             ) from None
         finally:
             await response.aclose()
-        result: dict[str, Any] = json.loads(raw)
-        return result
 
     async def sidecar_frames(self, model: LoadedModel, response: httpx.Response) -> AsyncIterator[bytes]:
         """The sidecar's SSE bytes as they arrive; a failure becomes one error event and the stream ends."""

@@ -1,14 +1,34 @@
-"""Notebook widgets (anywidget): the model browser, a download bar, a chat panel, and the pieces they share
-(:mod:`~lemonkit.widgets.base`, :mod:`~lemonkit.widgets.progress`, :mod:`~lemonkit.widgets.picker` and
-``static/shared.js``) for the panels to come.
+"""Notebook widgets (anywidget): the model browser, a download bar, a chat panel, the transcription and speech
+panels, and the pieces they share (:mod:`~lemonkit.widgets.base`, :mod:`~lemonkit.widgets.progress`,
+:mod:`~lemonkit.widgets.picker` and ``static/shared.js``); matplotlib figures in :mod:`~lemonkit.widgets.plots`.
 
-Every server call goes through :class:`lemonkit.Client` in the kernel: the page never holds a token.
+Every server call goes through :class:`lemonkit.Client` in the kernel: the page never holds a token. The panels are
+imported on first use, so that ``Transcript.plot()`` in plain ``python`` imports neither anywidget nor IPython.
 """
 
 from __future__ import annotations
 
-from lemonkit.widgets.chat import ChatPanel
-from lemonkit.widgets.download import DownloadBar
-from lemonkit.widgets.models import ModelBrowser
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ChatPanel", "DownloadBar", "ModelBrowser"]
+if TYPE_CHECKING:
+    from lemonkit.widgets.audio import SpeechPanel, TranscriptionPanel
+    from lemonkit.widgets.chat import ChatPanel
+    from lemonkit.widgets.download import DownloadBar
+    from lemonkit.widgets.models import ModelBrowser
+
+__all__ = ["ChatPanel", "DownloadBar", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"]
+
+_MODULES = {
+    "ChatPanel": "chat",
+    "DownloadBar": "download",
+    "ModelBrowser": "models",
+    "SpeechPanel": "audio",
+    "TranscriptionPanel": "audio",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return getattr(importlib.import_module(f"lemonkit.widgets.{_MODULES[name]}"), name)
+    raise AttributeError(f"module 'lemonkit.widgets' has no attribute {name!r}")

@@ -59,6 +59,8 @@ class Panel(anywidget.AnyWidget):
     error = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
     #: the methods the front end may call
     actions: ClassVar[frozenset[str]] = frozenset({"dismiss"})
+    #: those of them that take the message's binary buffers (as a list of ``bytes``) after their arguments
+    binary_actions: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, *, client: Client | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -74,12 +76,14 @@ class Panel(anywidget.AnyWidget):
             self._client = default_client()
         return self._client
 
-    def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+    def _on_message(self, _widget: Any, content: Any, buffers: Any) -> None:
         action = content.get("action") if isinstance(content, dict) else None
         args = content.get("args", []) if isinstance(content, dict) else []
         if action not in self.actions or not isinstance(args, list):
             self.error = {"message": f"unknown widget action {action!r}", "code": "invalid_argument"}
             return
+        if action in self.binary_actions:
+            args = [*args, [bytes(b) for b in buffers or ()]]
         try:
             getattr(self, action)(*args)
         except Exception as exc:  # a bad argument from the page: say so, never kill the comm

@@ -84,13 +84,19 @@ def test_notebook_widgets_in_jupyterlab(lab_root: tuple[Path, dict[str, str], Hu
 
 @contextlib.contextmanager
 def running(
-    root: Path, env: dict[str, str], source: Path, shots: Path, prepare: str | None = None
+    root: Path,
+    env: dict[str, str],
+    source: Path,
+    shots: Path,
+    prepare: str | None = None,
+    browser_args: tuple[str, ...] = (),
 ) -> Iterator[tuple[Any, JupyterServer, Notebook]]:
-    """A copy of ``source`` open in JupyterLab in chromium, all its cells run (``prepare`` evaluated in the page
-    first); a failure's screenshot and outputs are kept, and widget errors in the page fail the test."""
+    """A copy of ``source`` open in JupyterLab in chromium (launched with ``browser_args`` too), all its cells run
+    (``prepare`` evaluated in the page first); a failure's screenshot and outputs are kept, and widget errors in the
+    page fail the test."""
     assert unavailable() is None, unavailable()
     print(f"screenshots: {shots}")
-    with lab_server(root, env) as server, chromium_page() as page:
+    with lab_server(root, env) as server, chromium_page(args=browser_args) as page:
         notebook = Notebook(page, server, copy_notebook(source, root), screenshots=shots)
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))

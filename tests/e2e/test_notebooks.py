@@ -1,7 +1,8 @@
 """The notebooks in ``notebooks/`` executed headless with nbclient, every cell, on the bundled models, offline: the
 hub is an unreachable loopback port and the caches are empty. ``quickstart.ipynb`` runs in a kernel started by a
 Jupyter server with the extension and in a plain kernel (the embedded server); ``clients.ipynb`` in a Jupyter
-server's kernel, finding that server's URL and token itself. A check cell appended to each copy reports the
+server's kernel, finding that server's URL and token itself; ``audio.ipynb`` (speech, transcripts, their plot,
+alignment, the audio panels) in a Jupyter server's kernel. A check cell appended to each copy reports the
 kernel's state as JSON, so the tests assert on values, not only on the absence of errors."""
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ import pytest
 from jupyter_process import JupyterServer, free_port
 from nbclient import NotebookClient
 
-from lemonkit.config import DEFAULT_CHAT_MODEL, DEFAULT_EMBEDDING_MODEL
+from lemonkit.config import (
+    DEFAULT_CHAT_MODEL,
+    DEFAULT_EMBEDDING_MODEL,
+    DEFAULT_SPEECH_MODEL,
+    DEFAULT_TRANSCRIPTION_MODEL,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +53,21 @@ print(json.dumps({
 CLIENTS_CHECK = """
 import json
 print(json.dumps({"url": lemonkit.openai_url(), "key": oai.api_key, "city": city.model_dump(), "pieces": len(pieces)}))
+"""
+
+
+AUDIO_CHECK = """
+import json
+print(json.dumps({
+    "kind": lemonkit.default_client().server.kind,
+    "sentence": sentence,
+    "heard": transcript.text,
+    "words": [[w.word, w.start, w.end] for w in transcript.words],
+    "models": [speech.model, transcript.model],
+    "duration": speech.duration,
+    "aligned": [w.word for w in aligned.words],
+    "rows": len(words),
+}))
 """
 
 
@@ -187,4 +208,37 @@ def test_clients_in_a_jupyter_kernel(offline_jupyter: tuple[JupyterServer, Path]
     assert found["pieces"] > 1 and found["city"]["name"] and found["city"]["country"]
     (embedded,) = [o for o in _outputs(notebook, "embeddings.create(") if o["output_type"] == "execute_result"]
     assert embedded["data"]["text/plain"] == "(2, 384)"
+    _no_hub_downloads(directory)
+
+
+def _words(text: str) -> list[str]:
+    return "".join(c.lower() if c.isalnum() else " " for c in text).split()
+
+
+def test_audio_in_a_jupyter_kernel(offline_jupyter: tuple[JupyterServer, Path]) -> None:
+    server, directory = offline_jupyter
+    notebook = _with_check("audio.ipynb", AUDIO_CHECK)
+    _run_in(server, notebook)
+    found = _checked(notebook)
+    assert found["kind"] == "jupyter" and found["models"] == [DEFAULT_SPEECH_MODEL, DEFAULT_TRANSCRIPTION_MODEL]
+    assert _words(found["heard"]) == _words(found["sentence"])  # what speak() said, transcribe() heard
+    assert _words(" ".join(found["aligned"])) == _words(found["sentence"])
+    starts = [start for _, start, _ in found["words"]]
+    assert starts == sorted(starts) and all(0 <= s <= e <= found["duration"] + 0.05 for _, s, e in found["words"])
+    assert found["rows"] == len(found["words"])
+    (played,) = _outputs(notebook, "speech = lemonkit.speak(sentence)")
+    assert "<audio" in played["data"]["text/html"]  # plays inline
+    (shown,) = _outputs(notebook, "transcript = lemonkit.transcribe(speech)")
+    assert shown["data"]["text/html"].count('class="lk-word"') == len(found["words"])
+    (plot,) = _outputs(notebook, "transcript.plot()\n")
+    assert plot["data"]["image/png"]  # the word-timing figure, once
+    srt = _printed(_outputs(notebook, "transcript.to_srt()"))
+    assert srt.startswith("1\n00:00:0") and " --> " in srt
+    assert _words(_outputs(notebook, "sample_rate=44100")[-1]["data"]["text/plain"]) == _words(
+        "Open the door and turn on the light."
+    )
+    assert _words(_outputs(notebook, "speech.save(")[-1]["data"]["text/plain"]) == _words(found["sentence"])
+    for fragment in ("lemonkit.SpeechPanel(", "lemonkit.TranscriptionPanel()"):
+        (panel,) = [o for o in _outputs(notebook, fragment) if o["output_type"] == "execute_result"]
+        assert WIDGET in panel["data"]
     _no_hub_downloads(directory)

@@ -71,15 +71,41 @@ export function errorBanner(error, onDismiss, key = "dismiss-error") {
   );
 }
 
+// A <select> over string choices; onChange gets the chosen one.
+export function choicePicker(choices, selected, onChange, label, key, empty) {
+  return h(
+    "select",
+    { className: "lk-picker", "aria-label": label, "data-key": key, onchange: (e) => onChange(e.target.value) },
+    choices.length ? null : h("option", { value: "" }, empty),
+    choices.map((id) => h("option", { value: id, selected: id === selected }, id)),
+  );
+}
+
 // A <select> over model ids; onChange gets the chosen id.
 export function modelPicker(models, selected, onChange, label = "Model") {
-  const select = h(
-    "select",
-    { className: "lk-picker", "aria-label": label, "data-key": "model-picker", onchange: (e) => onChange(e.target.value) },
-    models.length ? null : h("option", { value: "" }, "no model available"),
-    models.map((id) => h("option", { value: id, selected: id === selected }, id)),
-  );
-  return select;
+  return choicePicker(models, selected, onChange, label, "model-picker", "no model available");
+}
+
+// An object URL for the bytes of a Bytes traitlet (a DataView), "" for none; the URL slot.url held before is revoked.
+export function bytesUrl(slot, bytes, type) {
+  if (slot.url) URL.revokeObjectURL(slot.url);
+  slot.url = bytes && bytes.byteLength ? URL.createObjectURL(new Blob([bytes], type ? { type } : {})) : "";
+  return slot.url;
+}
+
+// An audio player; data-ready says whether its current source can be played (and seeked).
+export function audioPlayer(label) {
+  const player = h("audio", { controls: true, preload: "auto", className: "lk-player", "aria-label": label });
+  player.dataset.ready = "false";
+  player.addEventListener("loadedmetadata", () => (player.dataset.ready = "true"));
+  player.addEventListener("emptied", () => (player.dataset.ready = "false"));
+  return player;
+}
+
+// Show an error raised in the page (no kernel round trip) in the panel's banner.
+export function pageError(model, message, code = "browser_error") {
+  model.set("error", { message, code });
+  model.save_changes();
 }
 
 export function button(text, label, onclick, extra = {}) {

@@ -1,0 +1,352 @@
+"""The Python API's audio methods of :class:`~lemonkit.client.Client` (:class:`SyncAudioMethods`) and
+:class:`~lemonkit.client.AsyncClient` (:class:`AsyncAudioMethods`): transcribe, align, speak, voices.
+
+Building each request and reading its answer are plain functions here (:class:`AudioRequest`, :func:`speech_of`,
+...), shared by both clients; the methods only send, one synchronously and one awaiting. The module functions
+(``lemonkit.transcribe``, ...) call the sync ones on the shared default client.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lemonkit import audio, config, inference, provenance
+from lemonkit.errors import InvalidArgument
+from lemonkit.speech import AudioClip, Speech
+from lemonkit.transcripts import Transcript
+
+if TYPE_CHECKING:
+    from lemonkit.client import Server
+
+__all__ = ["AsyncAudioMethods", "AudioInput", "AudioRequest", "SyncAudioMethods", "audio_upload"]
+
+#: what ``transcribe`` and ``align`` take: a file's path, its bytes, samples (with ``sample_rate``), or a clip
+AudioInput = str | os.PathLike[str] | bytes | bytearray | np.ndarray | AudioClip
+
+#: leading bytes -> the file extension the upload is named with (the server decodes by content; this is for logs)
+_MAGIC = ((b"RIFF", ".wav"), (b"fLaC", ".flac"), (b"OggS", ".ogg"), (b"ID3", ".mp3"), (b"\x1aE\xdf\xa3", ".webm"))
+
+
+def audio_upload(source: AudioInput, sample_rate: int | None = None) -> tuple[tuple[str, bytes, str], Any]:
+    """The multipart ``file`` for ``source``, and what a :class:`Transcript` keeps of it (to plot and play).
+
+    Args:
+        source: A path, an audio file's bytes, samples (1-D, or ``(frames, channels)``) or an :class:`AudioClip`.
+        sample_rate: The rate of ``source`` when it is samples (required then; any rate: the server resamples).
+
+    Raises:
+        InvalidArgument: Samples without ``sample_rate``, or ``sample_rate`` with a file.
+        FileNotFoundError: A path that does not exist.
+    """
+    if isinstance(source, np.ndarray):
+        if not sample_rate:
+            raise InvalidArgument("Audio given as samples needs its sample_rate= (samples per second)")
+        source = AudioClip(source, sample_rate)
+    elif sample_rate is not None and not isinstance(source, AudioClip):
+        raise InvalidArgument("sample_rate= is for samples: an audio file carries its own rate")
+    if isinstance(source, AudioClip):
+        return ("audio.wav", source.to_bytes("wav"), "audio/wav"), source
+    if isinstance(source, bytes | bytearray):
+        data = bytes(source)
+        suffix = next((ext for magic, ext in _MAGIC if data.startswith(magic)), "")
+        return (f"audio{suffix}", data, "application/octet-stream"), data
+    path = Path(source)
+    data = path.read_bytes()
+    return (path.name, data, "application/octet-stream"), data
+
+
+def _options(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+@dataclass
+class AudioRequest:
+    """A multipart audio request (transcription or alignment): its route, form fields and file."""
+
+    route: str
+    form: dict[str, Any]
+    file: tuple[str, bytes, str]
+    kept: Any = field(repr=False)
+
+    @classmethod
+    def transcription(
+        cls, source: AudioInput, model: str, *, sample_rate: int | None, words: bool, **options: Any
+    ) -> AudioRequest:
+        """``/v1/audio/transcriptions/details`` (timed words with confidences) with ``words``, else
+        ``/v1/audio/transcriptions`` as ``verbose_json`` (timed segments)."""
+        file, kept = audio_upload(source, sample_rate)
+        form = {"model": model, **_options(**options)}
+        if words:
+            return cls("audio/transcriptions/details", form, file, kept)
+        form.update({"response_format": "verbose_json", "timestamp_granularities[]": "segment"})
+        return cls("audio/transcriptions", form, file, kept)
+
+    @classmethod
+    def alignment(cls, source: AudioInput, text: str, model: str, *, sample_rate: int | None, **options: Any) -> Any:
+        file, kept = audio_upload(source, sample_rate)
+        return cls("audio/alignments", {"model": model, "text": text, **_options(**options)}, file, kept)
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The ``request()`` arguments that send it."""
+        form = {k: v if isinstance(v, str | list) else str(v) for k, v in self.form.items()}
+        return {"data": form, "files": {"file": self.file}}
+
+    def transcript(self, answer: dict[str, Any], headers: dict[str, str], clock: provenance.Clock, api: str) -> Any:
+        body = {**self.form, "file": self.file[0]}
+        facts = provenance.build(self.route, body, headers, clock, api)
+        return Transcript.from_answer(answer, model=self.form["model"], provenance=facts, source=self.kept)
+
+
+def speech_body(text: str, model: str, voice: str | None, speed: float) -> dict[str, Any]:
+    """The ``/v1/audio/speech`` body: WAV, so that the rate travels with the samples."""
+    return {"model": model, "input": text, **_options(voice=voice), "speed": speed, "response_format": "wav"}
+
+
+def speech_of(body: dict[str, Any], wav: bytes, headers: dict[str, str], clock: provenance.Clock, api: str) -> Speech:
+    decoded = audio.decode(wav, sample_rate=None)
+    return Speech(
+        decoded.samples,
+        decoded.sample_rate,
+        text=body["input"],
+        model=body["model"],
+        voice=body.get("voice"),
+        speed=body["speed"],
+        provenance=provenance.build("audio/speech", body, headers, clock, api),
+    )
+
+
+def voices_of(answer: dict[str, Any]) -> list[str]:
+    """The voice names of a ``/v1/audio/voices`` answer (names, or records with an ``id``/``name``)."""
+    return [v if isinstance(v, str) else str(v.get("id") or v.get("name")) for v in answer.get("voices") or ()]
+
+
+def _model(health: dict[str, Any], kind: str) -> str:
+    """``model=None``: the loaded model of ``kind`` (``transcription``/``tts``), else the bundled default."""
+    default = config.default_transcription_model() if kind == "transcription" else config.default_speech_model()
+    return inference.loaded_model(health, kind) or default
+
+
+class SyncAudioMethods:
+    """Mixed into :class:`~lemonkit.client.Client`."""
+
+    if TYPE_CHECKING:
+
+        @property
+        def server(self) -> Server: ...
+
+        def request(
+            self, method: str, path: str, *, headers_out: dict[str, str] | None = None, raw: bool = False, **kwargs: Any
+        ) -> Any: ...
+
+        def health(self) -> dict[str, Any]: ...
+
+    def transcribe(
+        self,
+        audio: AudioInput,
+        model: str | None = None,
+        *,
+        sample_rate: int | None = None,
+        language: str | None = None,
+        prompt: str | None = None,
+        temperature: float | None = None,
+        words: bool = True,
+    ) -> Transcript:
+        """Transcribe speech, every word with its start, end and confidence.
+
+        Args:
+            audio: A file's path, its bytes (WAV, FLAC, OGG/Opus, MP3, WebM, ...), samples (a numpy array, with
+                ``sample_rate``), or an :class:`~lemonkit.speech.AudioClip` such as :func:`lemonkit.speak`'s result.
+            model: A speech-to-text model; ``None``: the loaded one, else the bundled default
+                (``lemonkit.config.default_transcription_model()``, ``LEMONKIT_DEFAULT_TRANSCRIPTION_MODEL``).
+            sample_rate: The rate of ``audio`` given as samples (any: the server resamples).
+            language: The language spoken (``"en"``, ...); ``None`` or ``"auto"`` detects it.
+            prompt: Text that guides the spelling and style (names, terms).
+            temperature: Sampling temperature (default: the model's, 0).
+            words: Time every word (``/v1/audio/transcriptions/details``); ``False``: segments only (faster).
+
+        Returns:
+            A :class:`~lemonkit.transcripts.Transcript` (``.words``, ``.segments``, ``.plot()``, ``.to_srt()``,
+            ``.to_pandas()``), with its ``provenance``.
+
+        Raises:
+            InvalidArgument: Samples without ``sample_rate``.
+            UndecodableAudio: The server cannot decode the audio (400 ``invalid_audio``).
+            ModelNotApplicable: ``model`` is not a speech-to-text model.
+            ModelNotFound: ``model`` is not registered.
+            ServerUnavailable: No server could be reached or started.
+
+        Example:
+            >>> transcript = lemonkit.Client().transcribe("talk.wav")
+            >>> transcript.text, transcript.words[0]
+            ('The quick brown fox.', Word(word='The', start=0.0, end=0.22, confidence=0.93))
+        """
+        request = AudioRequest.transcription(
+            audio,
+            model or _model(self.health(), "transcription"),
+            sample_rate=sample_rate,
+            words=words,
+            language=language,
+            prompt=prompt,
+            temperature=temperature,
+        )
+        clock, headers = provenance.Clock(), dict[str, str]()
+        answer = self.request("POST", request.route, headers_out=headers, **request.kwargs)
+        return request.transcript(answer, headers, clock, self.server.api)
+
+    def align(
+        self,
+        audio: AudioInput,
+        text: str,
+        model: str | None = None,
+        *,
+        sample_rate: int | None = None,
+        language: str | None = None,
+    ) -> Transcript:
+        """Find where each word of a known ``text`` is spoken in ``audio`` (forced alignment).
+
+        Args:
+            audio: As :meth:`transcribe`'s.
+            text: What is said.
+            model: A speech-to-text model that aligns (Whisper); ``None`` as :meth:`transcribe`.
+            sample_rate: As :meth:`transcribe`'s.
+            language: The language spoken (default: the model's).
+
+        Returns:
+            A :class:`~lemonkit.transcripts.Transcript` whose words are ``text``'s, timed.
+
+        Raises:
+            LemonkitError: As :meth:`transcribe`.
+
+        Example:
+            >>> [(w.word, round(w.start, 2)) for w in lemonkit.Client().align("talk.wav", "The quick brown fox").words]
+            [('The', 0.0), ('quick', 0.24), ('brown', 0.6), ('fox', 0.92)]
+        """
+        model = model or _model(self.health(), "transcription")
+        request = AudioRequest.alignment(audio, text, model, sample_rate=sample_rate, language=language)
+        clock, headers = provenance.Clock(), dict[str, str]()
+        answer = self.request("POST", request.route, headers_out=headers, **request.kwargs)
+        return request.transcript(answer, headers, clock, self.server.api)
+
+    def speak(self, text: str, model: str | None = None, *, voice: str | None = None, speed: float = 1.0) -> Speech:
+        """Synthesise speech; in a notebook the result plays inline.
+
+        Args:
+            text: What to say.
+            model: A text-to-speech model; ``None``: the loaded one, else the bundled default
+                (``lemonkit.config.default_speech_model()``, ``LEMONKIT_DEFAULT_SPEECH_MODEL``).
+            voice: One of :meth:`voices` (OpenAI's voice names map to the model's); ``None``: its default.
+            speed: Speaking rate (1.0 normal, 2.0 twice as fast).
+
+        Returns:
+            A :class:`~lemonkit.speech.Speech`: ``.samples`` (float32), ``.sample_rate``, ``.duration``,
+            ``.save(path)``, with its ``provenance``.
+
+        Raises:
+            InvalidArgument: An unknown voice or a bad speed.
+            ModelNotApplicable: ``model`` is not a text-to-speech model.
+            LemonkitError: As :meth:`transcribe`.
+
+        Example:
+            >>> speech = lemonkit.Client().speak("Hello from lemonkit.", speed=1.1)
+            >>> speech.sample_rate, round(speech.duration, 1)
+            (22050, 1.4)
+        """
+        body = speech_body(text, model or _model(self.health(), "tts"), voice, speed)
+        clock, headers = provenance.Clock(), dict[str, str]()
+        wav = self.request("POST", "audio/speech", json=body, headers_out=headers, raw=True)
+        return speech_of(body, wav, headers, clock, self.server.api)
+
+    def voices(self, model: str | None = None) -> list[str]:
+        """The voices of a text-to-speech model.
+
+        Args:
+            model: The model; ``None`` as :meth:`speak`'s.
+
+        Returns:
+            Voice names for :meth:`speak`'s ``voice``.
+
+        Raises:
+            ModelNotApplicable: ``model`` is not a text-to-speech model.
+            LemonkitError: As :meth:`transcribe`.
+
+        Example:
+            >>> lemonkit.Client().voices()
+            ['en_US-joe-medium']
+        """
+        model = model or _model(self.health(), "tts")
+        return voices_of(self.request("GET", "audio/voices", params={"model": model}))
+
+
+class AsyncAudioMethods:
+    """Mixed into :class:`~lemonkit.client.AsyncClient`: :class:`SyncAudioMethods`' methods, awaitable."""
+
+    if TYPE_CHECKING:
+
+        async def server(self) -> Server: ...
+
+        async def request(
+            self, method: str, path: str, *, headers_out: dict[str, str] | None = None, raw: bool = False, **kwargs: Any
+        ) -> Any: ...
+
+        async def health(self) -> dict[str, Any]: ...
+
+    async def transcribe(
+        self,
+        audio: AudioInput,
+        model: str | None = None,
+        *,
+        sample_rate: int | None = None,
+        language: str | None = None,
+        prompt: str | None = None,
+        temperature: float | None = None,
+        words: bool = True,
+    ) -> Transcript:
+        """See :meth:`SyncAudioMethods.transcribe`."""
+        request = AudioRequest.transcription(
+            audio,
+            model or _model(await self.health(), "transcription"),
+            sample_rate=sample_rate,
+            words=words,
+            language=language,
+            prompt=prompt,
+            temperature=temperature,
+        )
+        clock, headers = provenance.Clock(), dict[str, str]()
+        answer = await self.request("POST", request.route, headers_out=headers, **request.kwargs)
+        return request.transcript(answer, headers, clock, (await self.server()).api)
+
+    async def align(
+        self,
+        audio: AudioInput,
+        text: str,
+        model: str | None = None,
+        *,
+        sample_rate: int | None = None,
+        language: str | None = None,
+    ) -> Transcript:
+        """See :meth:`SyncAudioMethods.align`."""
+        model = model or _model(await self.health(), "transcription")
+        request = AudioRequest.alignment(audio, text, model, sample_rate=sample_rate, language=language)
+        clock, headers = provenance.Clock(), dict[str, str]()
+        answer = await self.request("POST", request.route, headers_out=headers, **request.kwargs)
+        return request.transcript(answer, headers, clock, (await self.server()).api)
+
+    async def speak(
+        self, text: str, model: str | None = None, *, voice: str | None = None, speed: float = 1.0
+    ) -> Speech:
+        """See :meth:`SyncAudioMethods.speak`."""
+        body = speech_body(text, model or _model(await self.health(), "tts"), voice, speed)
+        clock, headers = provenance.Clock(), dict[str, str]()
+        wav = await self.request("POST", "audio/speech", json=body, headers_out=headers, raw=True)
+        return speech_of(body, wav, headers, clock, (await self.server()).api)
+
+    async def voices(self, model: str | None = None) -> list[str]:
+        """See :meth:`SyncAudioMethods.voices`."""
+        model = model or _model(await self.health(), "tts")
+        return voices_of(await self.request("GET", "audio/voices", params={"model": model}))
