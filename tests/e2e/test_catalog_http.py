@@ -35,7 +35,7 @@ UNSUPPORTED = {
     "LMX-Omni-5.5B-Lite": "its components are listed in the registry repo lemonade-sdk/LMX-Omni-5.5B-Lite",
 }
 #: the recipes of Lemonade's catalog that lemonkit has an engine for
-RUNS = {"llamacpp", "faster-whisper", "kokoro"}
+RUNS = {"llamacpp", "kokoro", "faster-whisper"}
 CHAT = [{"role": "user", "content": "hi"}]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -74,8 +74,7 @@ async def test_show_all_lists_every_lemonade_name(host: Host) -> None:
             assert obj["checkpoints"] == row["checkpoints"], name
         elif row["recipe"] != "collection.omni":
             assert obj["checkpoint"] == row["checkpoint"], name
-        runs = row["recipe"] in RUNS and row.get("source") != "modelscope"
-        assert obj["supported"] is runs, name
+        assert obj["supported"] is (row["recipe"] in RUNS and row.get("source") != "modelscope"), name
         assert obj["supported"] or obj["unsupported_reason"], name
     for name, reason in UNSUPPORTED.items():
         assert listed[name]["supported"] is False and listed[name]["unsupported_reason"].startswith(reason)
