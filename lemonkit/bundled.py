@@ -29,6 +29,7 @@ __all__ = ["CONVERTERS", "BundledWeights"]
 #: ``bundled.convert`` name -> ``"module:function"``; ``function(resource_path, output_path)`` writes the file
 CONVERTERS: dict[str, str] = {
     "bert-onnx": "lemonkit.bert_onnx:convert",
+    "whisper-parts": "lemonkit.whisper_parts:join",
 }
 
 

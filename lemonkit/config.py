@@ -23,10 +23,12 @@ __all__ = [
     "DEFAULT_EMBEDDING_MODEL",
     "DEFAULT_MODEL",
     "DEFAULT_PORT",
+    "DEFAULT_TRANSCRIPTION_MODEL",
     "LiveLimits",
     "Settings",
     "default_chat_model",
     "default_embedding_model",
+    "default_transcription_model",
 ]
 
 DEFAULT_PORT = 13305
@@ -36,6 +38,8 @@ DEFAULT_MODEL = "Gemma-3-270m-GGUF"
 #: the same way: SmolLM2 135M Instruct (it has a chat template, Gemma 270M is a base model) and all-MiniLM-L6-v2.
 DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct-Bundled"
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2-Bundled"
+#: The speech-to-text default (``lemonkit.transcribe()``): Whisper tiny.en, bundled the same way.
+DEFAULT_TRANSCRIPTION_MODEL = "Whisper-Tiny-En-Bundled"
 
 
 def default_chat_model() -> str:
@@ -47,6 +51,12 @@ def default_embedding_model() -> str:
     """The embedding model used when none is named: ``LEMONKIT_DEFAULT_EMBEDDING_MODEL``, else
     :data:`DEFAULT_EMBEDDING_MODEL`."""
     return os.environ.get("LEMONKIT_DEFAULT_EMBEDDING_MODEL", "").strip() or DEFAULT_EMBEDDING_MODEL
+
+
+def default_transcription_model() -> str:
+    """The speech-to-text model used when none is named: ``LEMONKIT_DEFAULT_TRANSCRIPTION_MODEL``, else
+    :data:`DEFAULT_TRANSCRIPTION_MODEL`."""
+    return os.environ.get("LEMONKIT_DEFAULT_TRANSCRIPTION_MODEL", "").strip() or DEFAULT_TRANSCRIPTION_MODEL
 
 
 def _default_cache_dir() -> Path:

@@ -9,6 +9,12 @@ unsupported). A row lemonkit already has keeps lemonkit's own fields (:data:`LEM
 weights, aliases, chat format, context window); every other field is Lemonade's, so a field Lemonade drops
 goes. Rows only lemonkit has are kept as they are; rows new to lemonkit are appended in Lemonade's order.
 
+Overrides (``lemonkit/data/catalog_overrides.json``, :data:`OVERRIDES`) are the exception: a Lemonade name that
+lemonkit runs on another engine than Lemonade's, from another checkpoint (Lemonade's ``Whisper-*`` rows are
+whisper.cpp GGML files; lemonkit runs them on faster-whisper from CTranslate2 repos). An override's fields replace
+Lemonade's in the written row, ``null`` removes one, so the catalog states what lemonkit really loads and
+downloads.
+
 Prints the differences. Exit status: 0 in step (or brought in step by ``--write``), 1 differences found, 2 bad
 input.
 The file is written atomically (temp file + rename) with a fixed key order, so a sync's diff is small.
@@ -26,6 +32,8 @@ from typing import Any
 from lemonkit.hf_cache import atomic_write_text
 
 CATALOG = Path(__file__).resolve().parents[1] / "lemonkit" / "data" / "server_models.json"
+#: Lemonade name -> the fields lemonkit sets (``null``: removes) on Lemonade's row
+OVERRIDES = CATALOG.with_name("catalog_overrides.json")
 
 #: fields lemonkit adds to a row; Lemonade's value wins should Lemonade ever set one
 LEMONKIT_FIELDS = ("max_context_window", "chat_format", "aliases", "bundled")
@@ -78,8 +86,32 @@ def _ordered(row: Mapping[str, Any]) -> dict[str, Any]:
     return {key: row[key] for key in sorted(row, key=_rank)}
 
 
-def merge(lemonkit: Catalog, lemonade: Catalog) -> Catalog:
-    """lemonkit's catalog with Lemonade's facts brought over (see the module docstring)."""
+def load_overrides(path: Path) -> Catalog:
+    """The overrides file: a JSON object of Lemonade names -> objects of fields (absent file: none).
+
+    Raises:
+        ValueError: The file is unreadable or not shaped so.
+    """
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(row, dict) for row in data.values()):
+        raise ValueError(f"{path}: expected a JSON object of models, each an object of fields")
+    return data
+
+
+def overridden(row: Mapping[str, Any], override: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``row`` with ``override``'s fields set (``None`` values remove the field)."""
+    out = {**row, **(override or {})}
+    return {key: value for key, value in out.items() if value is not None}
+
+
+def merge(lemonkit: Catalog, lemonade: Catalog, overrides: Catalog | None = None) -> Catalog:
+    """lemonkit's catalog with Lemonade's facts brought over, then lemonkit's overrides (see the module docstring)."""
+    overrides = overrides or {}
     merged: Catalog = {}
     for name, row in lemonkit.items():
         upstream = lemonade.get(name)
@@ -87,10 +119,10 @@ def merge(lemonkit: Catalog, lemonade: Catalog) -> Catalog:
             merged[name] = _ordered(row)
         else:
             own = {key: row[key] for key in LEMONKIT_FIELDS if key in row and key not in upstream}
-            merged[name] = _ordered({**upstream, **own})
+            merged[name] = _ordered(overridden({**upstream, **own}, overrides.get(name)))
     for name, row in lemonade.items():
         if name not in merged:
-            merged[name] = _ordered(row)
+            merged[name] = _ordered(overridden(row, overrides.get(name)))
     return merged
 
 
@@ -134,15 +166,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("lemonade", type=Path, help="Lemonade's server_models.json")
     parser.add_argument("--catalog", type=Path, default=CATALOG, help="lemonkit's catalog (default: %(default)s)")
+    parser.add_argument(
+        "--overrides", type=Path, default=OVERRIDES, help="lemonkit's overrides of Lemonade rows (default: %(default)s)"
+    )
     parser.add_argument("--write", action="store_true", help="update the catalog file")
     args = parser.parse_args(argv)
     try:
         lemonade, lemonkit = load(args.lemonade), load(args.catalog)
+        overrides = load_overrides(args.overrides)
         text = args.catalog.read_text(encoding="utf-8")
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    merged = merge(lemonkit, lemonade)
+    merged = merge(lemonkit, lemonade, overrides)
     lines = differences(lemonkit, merged)
     if not lines and dumps(merged) != text:
         lines.append(f"~ {args.catalog.name}: key order or layout differs from the canonical form")

@@ -29,3 +29,13 @@ def lemonade_catalog() -> dict[str, Any]:
     """Lemonade's catalog rows (skips the calling test when the reference file is absent)."""
     rows: dict[str, Any] = json.loads(reference_path().read_text(encoding="utf-8"))
     return rows
+
+
+def overridden_catalog() -> dict[str, Any]:
+    """Lemonade's rows as lemonkit ships them: with ``lemonkit/data/catalog_overrides.json`` applied (its fields set,
+    its ``null`` fields removed; see ``scripts/sync_catalog.py``)."""
+    overrides = json.loads((REPO / "lemonkit" / "data" / "catalog_overrides.json").read_text(encoding="utf-8"))
+    return {
+        name: {k: v for k, v in {**row, **overrides.get(name, {})}.items() if v is not None}
+        for name, row in lemonade_catalog().items()
+    }

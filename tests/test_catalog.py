@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lemonade_reference import REPO, lemonade_catalog, reference_path
+from lemonade_reference import REPO, lemonade_catalog, overridden_catalog, reference_path
 
 from lemonkit import registry as registry_module
 from lemonkit.catalog import SupportPolicy
@@ -74,10 +74,10 @@ def test_recipes_without_an_engine(recipe: str, reason: str) -> None:
 
 
 def test_a_recipe_row_turns_its_models_on(reg: Registry, tmp_path: Path) -> None:
-    whisper = reg.get("Whisper-Tiny")
+    whisper = reg.get("Moonshine-Tiny-Streaming")
     assert not SupportPolicy(DEFAULT_RECIPES, CPU_ONLY).model(whisper, reg).supported
     table = tmp_path / "recipes.json"  # an operator's LEMONKIT_RECIPES file, or a later DEFAULT_RECIPES row
-    table.write_text(json.dumps({"whispercpp": {"backends": {"cpu": {"devices": ["cpu"]}}}}))
+    table.write_text(json.dumps({"moonshine": {"backends": {"cpu": {"devices": ["cpu"]}}}}))
     policy = SupportPolicy(load_recipes(table), CPU_ONLY)
     assert policy.model(whisper, reg).supported
     assert policy.require(whisper, reg) is whisper
@@ -114,9 +114,12 @@ def test_collections(reg: Registry) -> None:
     assert policy.model(halo, reg).reason == (
         "its components are listed in the registry repo lemonade-sdk/LMX-Omni-5.5B-Lite, which lemonkit cannot read"
     )
-    reg.register("user.Talk", {"recipe": COLLECTION_OMNI, "components": ["Qwen3-0.6B-GGUF", "Whisper-Tiny"]})
+    reg.register(
+        "user.Talk", {"recipe": COLLECTION_OMNI, "components": ["Qwen3-0.6B-GGUF", "Moonshine-Tiny-Streaming"]}
+    )
     assert policy.model(reg.get("user.Talk"), reg).reason == (
-        "its component Whisper-Tiny is unsupported: recipe whispercpp (transcription) has no engine in lemonkit yet"
+        "its component Moonshine-Tiny-Streaming is unsupported: "
+        "recipe moonshine (transcription) has no engine in lemonkit yet"
     )
     reg.register("user.Chat", {"recipe": COLLECTION_OMNI, "components": ["Qwen3-0.6B-GGUF", "Tiny-Test-Model-GGUF"]})
     assert policy.model(reg.get("user.Chat"), reg).supported
@@ -147,7 +150,7 @@ def test_every_catalog_row_has_a_decision(reg: Registry) -> None:
 
 
 def test_catalog_parses_every_lemonade_row(reg: Registry, caplog: pytest.LogCaptureFixture) -> None:
-    lemonade = lemonade_catalog()
+    lemonade = overridden_catalog()
     with caplog.at_level(logging.ERROR, logger="lemonkit.registry"):
         fresh = Registry(reg.cache_dir, hf_cache=reg.hf_cache)
     assert not caplog.records, caplog.text

@@ -21,14 +21,14 @@ import openai
 import pytest
 from conftest import API_KEY, Host, Standalone
 from hub_server import HubServer, tiny_gguf_repo
-from lemonade_reference import lemonade_catalog
+from lemonade_reference import lemonade_catalog, overridden_catalog
 from test_pull import env_for
 
 #: Lemonade names this machine cannot run (no NPU, no engine, another registry, a registry-backed collection)
 UNSUPPORTED = {
     "Qwen2.5-0.5B-Instruct-CPU": "recipe ryzenai-llm needs an AMD NPU (Ryzen AI)",
     "Qwen3.5-0.8B-FP16-vLLM": "recipe vllm needs an AMD GPU with ROCm (vLLM)",
-    "Whisper-Tiny": "recipe whispercpp (transcription) has no engine in lemonkit yet",
+    "Moonshine-Tiny-Streaming": "recipe moonshine (transcription) has no engine in lemonkit yet",
     "kokoro-v1": "recipe kokoro (tts) has no engine in lemonkit yet",
     "SD-Turbo-GGUF": "recipe sd-cpp (image) has no engine in lemonkit yet",
     "MiniCPM5-1B-GGUF": "its checkpoints download from modelscope",
@@ -55,7 +55,7 @@ def by_id(listing: httpx.Response) -> dict[str, dict[str, Any]]:
 
 
 async def test_show_all_lists_every_lemonade_name(host: Host) -> None:
-    lemonade = lemonade_catalog()
+    lemonade = overridden_catalog()
     async with host.client() as client:
         listed = by_id(await client.get("models", params={"show_all": "true"}))
         downloaded = by_id(await client.get("models"))
@@ -72,7 +72,8 @@ async def test_show_all_lists_every_lemonade_name(host: Host) -> None:
             assert obj["checkpoints"] == row["checkpoints"], name
         elif row["recipe"] != "collection.omni":
             assert obj["checkpoint"] == row["checkpoint"], name
-        assert obj["supported"] is (row["recipe"] == "llamacpp" and row.get("source") != "modelscope"), name
+        runs = row["recipe"] in ("llamacpp", "faster-whisper") and row.get("source") != "modelscope"
+        assert obj["supported"] is runs, name
         assert obj["supported"] or obj["unsupported_reason"], name
     for name, reason in UNSUPPORTED.items():
         assert listed[name]["supported"] is False and listed[name]["unsupported_reason"].startswith(reason)
@@ -85,11 +86,11 @@ async def test_show_all_lists_every_lemonade_name(host: Host) -> None:
 
 async def test_one_unsupported_model(host: Host) -> None:
     async with host.client() as client:
-        response = await client.get("models/Whisper-Tiny")
+        response = await client.get("models/Moonshine-Tiny-Streaming")
     assert response.status_code == 200, response.text
     obj = response.json()
-    assert obj["recipe"] == "whispercpp" and obj["labels"][0] == "transcription"
-    assert obj["supported"] is False and obj["unsupported_reason"] == UNSUPPORTED["Whisper-Tiny"]
+    assert obj["recipe"] == "moonshine" and obj["labels"][0] == "transcription"
+    assert obj["supported"] is False and obj["unsupported_reason"] == UNSUPPORTED["Moonshine-Tiny-Streaming"]
 
 
 # -- refusals -----------------------------------------------------------------------------------------------------
@@ -219,23 +220,25 @@ async def test_lemonade_test_model_chats_by_name(hub_host: HubHost) -> None:
 
 
 async def test_unsupported_model_on_disk_is_listed_only_with_show_all(hub_host: HubHost) -> None:
-    # Whisper-Tiny's weights in the shared HF cache, as another tool would leave them
-    repo = hub_host.hf_cache / "models--ggerganov--whisper.cpp"
-    (repo / "snapshots" / COMMIT).mkdir(parents=True, exist_ok=True)
-    (repo / "snapshots" / COMMIT / "ggml-tiny.bin").write_bytes(b"ggml weights")
+    # Moonshine-Tiny-Streaming's weights in the shared HF cache, as another tool would leave them
+    repo = hub_host.hf_cache / "models--UsefulSensors--moonshine-streaming"
+    (repo / "snapshots" / COMMIT / "onnx" / "tiny").mkdir(parents=True, exist_ok=True)
+    (repo / "snapshots" / COMMIT / "onnx" / "tiny" / "encoder.onnx").write_bytes(b"onnx weights")
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(COMMIT)
     async with hub_host.host.client() as client:
         every = by_id(await client.get("models", params={"show_all": "true"}))
-        assert every["Whisper-Tiny"]["downloaded"] is True and every["Whisper-Tiny"]["supported"] is False
-        assert "Whisper-Tiny" not in by_id(await client.get("models"))
-        assert_error(await client.post("load", json={"model_name": "Whisper-Tiny"}), 404, "model_not_supported")
+        moonshine = every["Moonshine-Tiny-Streaming"]
+        assert moonshine["downloaded"] is True and moonshine["supported"] is False
+        assert "Moonshine-Tiny-Streaming" not in by_id(await client.get("models"))
+        answer = await client.post("load", json={"model_name": "Moonshine-Tiny-Streaming"})
+        assert_error(answer, 404, "model_not_supported")
 
 
 def test_serve_refuses_to_preload_an_unsupported_model(tmp_path: Path) -> None:
     env = {**os.environ, "LEMONADE_CACHE_DIR": str(tmp_path / "cache"), "LEMONADE_API_KEY": API_KEY}
     result = subprocess.run(
-        [sys.executable, "-m", "lemonkit.cli", "serve", "--port", "0", "--load", "Whisper-Tiny"],
+        [sys.executable, "-m", "lemonkit.cli", "serve", "--port", "0", "--load", "Moonshine-Tiny-Streaming"],
         env=env,
         capture_output=True,
         text=True,
@@ -243,4 +246,5 @@ def test_serve_refuses_to_preload_an_unsupported_model(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode != 0 and "lemonkit serving on" not in result.stderr
-    assert f"Model 'Whisper-Tiny' is not supported on this machine: {UNSUPPORTED['Whisper-Tiny']}" in result.stderr
+    reason = UNSUPPORTED["Moonshine-Tiny-Streaming"]
+    assert f"Model 'Moonshine-Tiny-Streaming' is not supported on this machine: {reason}" in result.stderr
