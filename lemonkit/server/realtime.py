@@ -55,13 +55,16 @@ class RealtimeHandler(LemonkitWebSocket):
     async def open(self, *args: Any, **kwargs: Any) -> None:
         self._id = new_id("sess")
         self._warming: asyncio.Task[None] | None = None
-        await self._send({"type": "session.created", "session": self._session()})
+        refused: LemonkitError | None = None
         model = self.get_query_argument("model", None)
         if model:
             try:
                 await self._use_model(model)
             except LemonkitError as err:
-                self.send_error_message(err)
+                refused = err  # the session still opens: a session.update may name a model that serves
+        await self._send({"type": "session.created", "session": self._session()})
+        if refused is not None:
+            self.send_error_message(refused)
 
     def on_close(self) -> None:
         if self._speech is not None:
