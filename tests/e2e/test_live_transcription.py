@@ -299,3 +299,11 @@ def test_a_bad_bound_stops_the_server_at_start(how: list[str] | dict[str, str], 
     )
     assert result.returncode == 2, result.stderr
     assert needle in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+async def test_a_foreign_web_page_is_refused(standalone: Standalone) -> None:
+    headers = {"Origin": "http://evil.example", "Authorization": f"Bearer {API_KEY}"}
+    async with httpx.AsyncClient(base_url=standalone.root + "api/v1/", headers=headers, timeout=30) as client:
+        response = await client.post(PATH, params={"model": MODEL}, content=_chunks(b"\0\0"))
+    assert response.status_code == 403, response.text
+    assert response.json()["error"]["code"] == "forbidden_origin"

@@ -237,3 +237,12 @@ async def test_openai_realtime_client(host: Host) -> None:
             if event.type == f"{TRANSCRIPTION}.completed":
                 break
     assert word_error_rate(spoken, event.transcript) <= 0.2, event.transcript
+
+
+async def test_a_foreign_web_page_is_refused(host: Host) -> None:
+    # Jupyter skips its Origin check for token-authenticated requests (a page cannot hold the token), so a
+    # foreign page there is one without the token; standalone, the browser policy refuses it even with the key
+    headers = {"Origin": "http://evil.example", **(host.headers if host.kind == "standalone" else {})}
+    with pytest.raises(HTTPClientError) as refused:
+        await websocket_connect(HTTPRequest(_url(host, model=MODEL), headers=headers))
+    assert refused.value.code in (401, 403) if host.kind == "jupyter" else refused.value.code == 403
