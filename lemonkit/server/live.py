@@ -3,13 +3,16 @@ while the body is still arriving (spec: audio-api.md, "Live PCM transcription").
 
 Tornado's own body reader cannot keep the spec's promises: it never shows a chunk's declared size (so
 ``max_chunk_bytes`` cannot be checked before the chunk is read), it answers a malformed frame with a bare
-``400`` written into the middle of the response, and its IOStream closes the whole socket when the client's half
-of the connection ends, so a client that half-closes after a truncated body would get nothing back. So once the
-request is accepted (credentials, parameters, the model loaded) and the SSE headers are written through Tornado,
-the handler takes the connection over (``detach()``): it reads the chunked framing itself from the IOStream, and
-writes the rest of the response through a duplicate of the socket's descriptor, which the IOStream closing its
-own on read EOF leaves open. A truncated body, a stall, an oversized chunk or body and a malformed frame each
-end the stream with an SSE ``error`` event (then the response's last chunk), never ``transcript.text.done``.
+``400`` written into the middle of the response, and its IOStream closes the whole socket as soon as it reads the
+end of the client's half of the connection, so a client that half-closes after a truncated body would get
+nothing back. So the handler does the work in ``prepare`` (which Tornado runs for a streamed body before reading
+any of it), and takes the connection over (``detach()``): it reads the chunked framing itself from the IOStream,
+and writes the whole answer itself, through a duplicate of the socket's descriptor taken before anything was
+awaited, which stays open when the IOStream closes its own. Requests refused before the stream starts
+(credentials, parameters, the model) get JSON errors with their status; after that, a truncated body, a stall, an
+oversized chunk or body and a malformed frame each end the stream with an SSE ``error`` event (then the answer's
+last chunk), never ``transcript.text.done``. Either way the server reads what the client still sends for a moment
+before closing, so that unread input does not reset the connection and take the answer with it.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from tornado import httputil, iostream, web
 
-from lemonkit.audio import from_pcm
+from lemonkit.audio import WHISPER_RATE, from_pcm
 from lemonkit.config import LiveLimits
 from lemonkit.errors import InvalidArgument, InvalidRequest, LemonkitError, MissingArgument, ModelNotApplicable
 from lemonkit.server.base import SSE_HEADERS, LemonkitHandler, _as_lemonkit_error, error_event
@@ -361,9 +365,7 @@ class LiveTranscriptionHandler(LemonkitHandler):
         body = ChunkedBody(stream, self.service.settings.live_limits)
         transcriber = SidecarTranscriber(self, model, {"language": params.language, "prompt": params.prompt})
         listener = _Deltas(out)
-        speech = SpeechInput(
-            transcriber, listener, sample_rate=params.sample_rate, vad=VadSettings(), busy=transcriber.busy
-        )
+        speech = SpeechInput(transcriber, listener, sample_rate=WHISPER_RATE, vad=VadSettings(), busy=transcriber.busy)
         error: LemonkitError | None = None
         try:
             listener.reading = asyncio.ensure_future(self._read(body, speech, params))
@@ -388,19 +390,38 @@ class LiveTranscriptionHandler(LemonkitHandler):
 
     @staticmethod
     async def _read(body: ChunkedBody, speech: SpeechInput, params: LiveParams) -> None:
-        left = b""
+        pcm = PcmDecoder(params)
         while (data := await body.next()) is not None:
-            data = left + data
-            usable = len(data) - len(data) % params.frame_bytes
-            left = data[usable:]
-            if usable:
-                samples = from_pcm(
-                    data[:usable],
-                    sample_rate=params.sample_rate,
-                    channels=params.channels,
-                    sample_format=params.sample_format,
-                )
-                await speech.feed(samples)
+            await speech.feed(pcm.decode(data))
+        await speech.feed(pcm.flush())
+
+
+class PcmDecoder:
+    """The body's interleaved PCM, in pieces cut anywhere, as mono float32 at Whisper's rate (16 kHz): the
+    utterances the front holds stay small whatever the capture rate, and the sidecar gets what it works at.
+    A stateful resampler, so that piece boundaries leave no seams; microseconds per piece."""
+
+    def __init__(self, params: LiveParams) -> None:
+        self.params = params
+        self._left = b""
+        self._resampler = None
+        if params.sample_rate != WHISPER_RATE:
+            import soxr  # the audio extra's, like the engines that transcribe
+
+            self._resampler = soxr.ResampleStream(params.sample_rate, WHISPER_RATE, 1, dtype="float32")
+
+    def decode(self, data: bytes) -> np.ndarray:
+        data = self._left + data
+        usable = len(data) - len(data) % self.params.frame_bytes
+        self._left = data[usable:]
+        p = self.params
+        samples = from_pcm(data[:usable], sample_rate=p.sample_rate, channels=p.channels, sample_format=p.sample_format)
+        return self._resampler.resample_chunk(samples) if self._resampler is not None else samples
+
+    def flush(self) -> np.ndarray:
+        """What the resampler still holds, at the end of the body."""
+        empty = np.zeros(0, dtype=np.float32)
+        return self._resampler.resample_chunk(empty, last=True) if self._resampler is not None else empty
 
 
 async def _linger(stream: iostream.IOStream) -> None:

@@ -28,9 +28,9 @@ from lemonkit.vad import RmsVad, VadSettings
 if TYPE_CHECKING:
     from lemonkit.server.base import LemonkitHandler
 
-log = logging.getLogger("lemonkit.server")
-
 __all__ = ["Listener", "SidecarTranscriber", "SpeechInput", "StableText", "new_id"]
+
+log = logging.getLogger("lemonkit.server")
 
 SIDECAR_PATH = "/v1/audio/transcriptions"
 #: seconds of new speech between two interim transcripts of an utterance

@@ -139,7 +139,7 @@ async def test_a_delta_arrives_while_the_body_is_still_being_sent(host: Host) ->
         # the first sentence and the pause after it: the server ends that utterance and says its words ...
         await live.send_audio(np.concatenate([silence(0.3), speech_samples(first), silence(1.5)]))
         event = await live.event()
-        assert event["type"] == "transcript.text.delta" and event["delta"].strip(), event
+        assert event.get("type") == "transcript.text.delta" and event["delta"].strip(), event
         # ... before the rest of the body exists
         await live.send_audio(np.concatenate([speech_samples(second), silence(0.5)]))
         await live.end()
