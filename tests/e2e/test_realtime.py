@@ -13,7 +13,7 @@ import numpy as np
 import openai
 import pytest
 from conftest import TINY, Host
-from speech import SENTENCES, speech_samples, word_error_rate
+from speech import SENTENCES, normalised_words, speech_samples, word_error_rate
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
@@ -98,6 +98,28 @@ async def test_server_vad_turn_in_100_ms_chunks(host: Host, path: str) -> None:
     )
     assert all(isinstance(e["delta"], str) for e in events if e["type"] == f"{TRANSCRIPTION}.delta")
     assert word_error_rate(spoken, events[-1]["transcript"]) <= 0.2, events[-1]
+
+
+@pytest.mark.slow
+async def test_interim_transcripts_come_while_the_speaker_talks(host: Host) -> None:
+    spoken = SENTENCES[0]
+    speech = speech_samples(spoken)
+    ws = await _connect(host, model=MODEL)
+    try:
+        await _created(ws)
+        await _append(ws, np.concatenate([silence(0.3), speech[: RATE * 2]]))
+        # no pause yet: the utterance is still open, and its interim text comes before any more audio is sent
+        before = await _until(ws, f"{TRANSCRIPTION}.delta")
+        await _append(ws, np.concatenate([speech[RATE * 2 :], silence(1.5)]))
+        after = await _until(ws, f"{TRANSCRIPTION}.completed")
+    finally:
+        ws.close()
+    assert [e["type"] for e in before] == ["input_audio_buffer.speech_started", f"{TRANSCRIPTION}.delta"]
+    item = before[0]["item_id"]
+    assert before[1]["item_id"] == item and before[1]["delta"].strip()
+    assert normalised_words(before[1]["delta"])[0] == "please", before[1]
+    assert after[-1]["item_id"] == item
+    assert word_error_rate(spoken, after[-1]["transcript"]) <= 0.2, after[-1]
 
 
 @pytest.mark.slow
