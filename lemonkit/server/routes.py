@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lemonkit.server import downloads, install, lemonade, live, logs, openai, options, realtime
+from lemonkit.server import audio, downloads, install, lemonade, live, logs, openai, options, realtime
 from lemonkit.server.base import LemonkitHandler, LemonkitWebSocket, NotFoundHandler
 
 __all__ = ["API_PREFIXES", "API_ROUTES", "VERSIONED_WS_ROUTES", "WS_ROUTES", "build"]
@@ -18,6 +18,11 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("responses", openai.ResponsesHandler),
     ("embeddings", openai.EmbeddingsHandler),
     ("(?:rerank|reranking|reranker)", openai.RerankHandler),
+    ("audio/transcriptions", audio.TranscriptionHandler),
+    ("audio/transcriptions/details", audio.TranscriptionDetailsHandler),
+    ("audio/transcriptions/live", live.LiveTranscriptionHandler),
+    ("audio/alignments", audio.AlignmentHandler),
+    ("batches/transcriptions", audio.BatchTranscriptionHandler),
     ("models", openai.ModelsHandler),
     ("models/(?P<model_id>[^/]+)/files", options.ModelFilesHandler),
     ("models/(?P<model_id>[^/]+)/options", options.ModelOptionsHandler),
@@ -33,7 +38,6 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("downloads/control", downloads.DownloadsControlHandler),
     ("delete", downloads.DeleteHandler),
     ("install", install.InstallHandler),
-    ("audio/transcriptions/live", live.LiveTranscriptionHandler),
     ("uninstall", install.UninstallHandler),
 ]
 

@@ -21,7 +21,7 @@ import openai
 import pytest
 from conftest import API_KEY, Host, Standalone
 from hub_server import HubServer, tiny_gguf_repo
-from lemonade_reference import lemonade_catalog, overridden_catalog
+from lemonade_reference import overridden_catalog
 from test_pull import env_for
 
 #: Lemonade names this machine cannot run (no NPU, no engine, another registry, a registry-backed collection)
