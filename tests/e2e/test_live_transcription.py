@@ -180,27 +180,23 @@ async def test_a_body_cut_short_is_an_error_not_a_transcript(host: Host) -> None
 
 
 @pytest.mark.slow
-async def test_an_oversized_chunk_is_an_error_event(host: Host) -> None:
+@pytest.mark.parametrize(
+    ("framing", "code"),
+    [
+        (b"%x\r\n" % (8 * 1024 * 1024 + 1), "chunk_too_large"),  # declared, never sent: refused on its size line
+        (b"not-hex\r\n", "malformed_body"),
+        (b"4\r\nabcdXY", "malformed_body"),  # a chunk not followed by CRLF
+    ],
+)
+async def test_bad_framing_is_an_error_event(host: Host, framing: bytes, code: str) -> None:
     live = await LiveRequest.open(host, {"model": MODEL}, first=pcm16(silence(0.2)))
     try:
-        live.writer.write(b"%x\r\n" % (8 * 1024 * 1024 + 1))  # declared, never sent: refused on the size line
+        live.writer.write(framing)
         await live.writer.drain()
         events = await live.rest()
     finally:
         live.close()
-    _error(events, "chunk_too_large")
-
-
-@pytest.mark.slow
-async def test_malformed_framing_is_an_error_event(host: Host) -> None:
-    live = await LiveRequest.open(host, {"model": MODEL}, first=pcm16(silence(0.2)))
-    try:
-        live.writer.write(b"not-hex\r\n")
-        await live.writer.drain()
-        events = await live.rest()
-    finally:
-        live.close()
-    _error(events, "malformed_body")
+    _error(events, code)
 
 
 # -- a stall, on servers whose idle bound is short ------------------------------------------------------------
