@@ -25,6 +25,7 @@ MODEL = "Whisper-Tiny-En-Bundled"
 RATE = 16000
 PATH = "audio/transcriptions/live"
 IDLE_MS = 400
+MAX_BODY = 64 * 1024
 #: a safety net against a hang (the test fails), not a timing assertion
 WAIT = 180
 
@@ -199,36 +200,49 @@ async def test_bad_framing_is_an_error_event(host: Host, framing: bytes, code: s
     _error(events, code)
 
 
-# -- a stall, on servers whose idle bound is short ------------------------------------------------------------
+# -- a stall and a long body, on servers whose bounds are small ------------------------------------------------
 
 
 @pytest.fixture
 def jp_server_config(request: pytest.FixtureRequest) -> dict[str, Any]:
     config: dict[str, Any] = {"ServerApp": {"jpserver_extensions": {"lemonkit": True}}}
-    if "idle_host" in request.fixturenames:
-        config["LemonkitExtension"] = {"live_idle_timeout_ms": IDLE_MS}
+    if "limited_host" in request.fixturenames:
+        config["LemonkitExtension"] = {"live_idle_timeout_ms": IDLE_MS, "live_max_body_bytes": MAX_BODY}
     return config
 
 
 @pytest.fixture(scope="module")
-def idle_standalone() -> Iterator[Standalone]:
-    server = Standalone({"LEMONADE_API_KEY": API_KEY}, args=("--live-idle-timeout-ms", str(IDLE_MS)))
+def limited_standalone() -> Iterator[Standalone]:
+    env = {"LEMONADE_API_KEY": API_KEY, "LEMONKIT_LIVE_MAX_BODY_BYTES": str(MAX_BODY)}
+    server = Standalone(env, args=("--live-idle-timeout-ms", str(IDLE_MS)))
     yield server
     server.stop()
 
 
 @pytest.fixture(params=["jupyter", "standalone"])
-def idle_host(request: pytest.FixtureRequest) -> Host:
-    """A host whose live idle bound is :data:`IDLE_MS` (a traitlet in Jupyter, a flag standalone)."""
+def limited_host(request: pytest.FixtureRequest) -> Host:
+    """A host whose live bounds are :data:`IDLE_MS` and :data:`MAX_BODY` (traitlets in Jupyter; a flag and an
+    environment variable standalone)."""
     if request.param == "jupyter":
         host: Host = request.getfixturevalue("jupyter_host")
         return host
-    return Host("standalone", request.getfixturevalue("idle_standalone").root, API_KEY)
+    return Host("standalone", request.getfixturevalue("limited_standalone").root, API_KEY)
 
 
 @pytest.mark.slow
-async def test_a_stalled_body_is_an_error_event(idle_host: Host) -> None:
-    live = await LiveRequest.open(idle_host, {"model": MODEL}, first=pcm16(silence(0.1)))
+async def test_a_body_over_the_bound_is_an_error_event(limited_host: Host) -> None:
+    live = await LiveRequest.open(limited_host, {"model": MODEL})
+    try:
+        await live.send_audio(silence(3.0))  # 96 KB of PCM: the server stops reading past the bound
+        events = await live.rest()
+    finally:
+        live.close()
+    assert str(MAX_BODY) in _error(events, "body_too_large")["message"]
+
+
+@pytest.mark.slow
+async def test_a_stalled_body_is_an_error_event(limited_host: Host) -> None:
+    live = await LiveRequest.open(limited_host, {"model": MODEL}, first=pcm16(silence(0.1)))
     try:
         events = await live.rest()  # nothing more is sent: the server stops waiting
     finally:
