@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from embeddings import _serve  # one embedded `lemonkit serve` per benchmark, started alike
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the espeak-ng sentences
+from embedded_server import embedded_server
 from speech import SENTENCES, speech_wav, word_error_rate
 
 WHISPER_MODELS = ("Whisper-Tiny-En-Bundled", "Whisper-Base-Bundled")
@@ -128,17 +128,13 @@ def main() -> None:
     unknown = [name for name in chosen if name not in SECTIONS]
     if unknown:
         parser.error(f"unknown sections: {', '.join(unknown)}")
-    with tempfile.TemporaryDirectory(prefix="lemonkit-audio-bench-") as tmp:
-        cache = Path(tmp)
-        server, url = _serve(cache)
-        try:
-            with httpx.Client(base_url=url, timeout=600) as api:
-                for name in chosen:
-                    SECTIONS[name](Bench(api, cache, args.rounds))
-        finally:
-            assert server.stdin is not None
-            server.stdin.close()  # the embedded server exits when its stdin closes
-            server.wait(30)
+    with (
+        tempfile.TemporaryDirectory(prefix="lemonkit-audio-bench-") as tmp,
+        embedded_server(Path(tmp)) as url,
+        httpx.Client(base_url=url, timeout=600) as api,
+    ):
+        for name in chosen:
+            SECTIONS[name](Bench(api, Path(tmp), args.rounds))
 
 
 if __name__ == "__main__":

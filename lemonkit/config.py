@@ -23,11 +23,13 @@ __all__ = [
     "DEFAULT_EMBEDDING_MODEL",
     "DEFAULT_MODEL",
     "DEFAULT_PORT",
+    "DEFAULT_SPEECH_MODEL",
     "DEFAULT_TRANSCRIPTION_MODEL",
     "LiveLimits",
     "Settings",
     "default_chat_model",
     "default_embedding_model",
+    "default_speech_model",
     "default_transcription_model",
 ]
 
@@ -40,6 +42,9 @@ DEFAULT_CHAT_MODEL = "SmolLM2-135M-Instruct-Bundled"
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2-Bundled"
 #: The speech-to-text default (``lemonkit.transcribe()``): Whisper tiny.en, bundled the same way.
 DEFAULT_TRANSCRIPTION_MODEL = "Whisper-Tiny-En-Bundled"
+#: The text-to-speech model used when none is named (``lemonkit.speak()``, ``GET /v1/audio/voices`` without
+#: ``model`` and nothing loaded): Piper's en_US-joe-medium, bundled the same way.
+DEFAULT_SPEECH_MODEL = "Piper-Joe-Medium-Bundled"
 
 
 def default_chat_model() -> str:
@@ -57,6 +62,12 @@ def default_transcription_model() -> str:
     """The speech-to-text model used when none is named: ``LEMONKIT_DEFAULT_TRANSCRIPTION_MODEL``, else
     :data:`DEFAULT_TRANSCRIPTION_MODEL`."""
     return os.environ.get("LEMONKIT_DEFAULT_TRANSCRIPTION_MODEL", "").strip() or DEFAULT_TRANSCRIPTION_MODEL
+
+
+def default_speech_model() -> str:
+    """The text-to-speech model used when none is named: ``LEMONKIT_DEFAULT_SPEECH_MODEL``, else
+    :data:`DEFAULT_SPEECH_MODEL`."""
+    return os.environ.get("LEMONKIT_DEFAULT_SPEECH_MODEL", "").strip() or DEFAULT_SPEECH_MODEL
 
 
 def _default_cache_dir() -> Path:

@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from lemonkit.audio import ENCODINGS
 from lemonkit.errors import InvalidArgument, InvalidJSON, MissingArgument
 from lemonkit.llamacpp_args import FORBIDDEN_LLAMACPP_FLAGS
 
@@ -521,6 +522,28 @@ TRANSCRIPTION = Obj(
 )
 ALIGNMENT = Obj({**_STT, "text": STR}, required=["model", "text"])
 BATCH_TRANSCRIPTION = Obj({**_STT, "audio": OneOf(STR, Arr(STR, min_items=1))}, required=["model"])
+
+
+def _speakable(value: str, path: str) -> None:
+    if not value.strip():
+        raise _bad(path, "the text to speak must not be empty")
+
+
+#: POST /v1/audio/speech. ``speed`` takes OpenAI's range; an engine that takes less answers 400 naming its own
+SPEECH = Obj(
+    {
+        "model": STR,
+        "input": Str(rule=_speakable),
+        "voice": STR,
+        "speed": Num(0.25, 4.0),
+        "response_format": Str((*ENCODINGS, "json")),
+        "stream": BOOL,
+        "stream_format": Str(["audio", "sse"]),
+        "seed": INT,
+        "instructions": STR,
+    },
+    required=["input", "model"],
+)
 DOWNLOADS_CONTROL = Obj({"id": STR, "action": Str(["pause", "cancel", "remove"])}, required=["id", "action"])
 DELETE = Obj({"model_name": STR}, required=["model_name"])
 
@@ -541,6 +564,7 @@ ROUTES: dict[str, Obj] = {
     "audio/transcriptions": TRANSCRIPTION,
     "audio/alignments": ALIGNMENT,
     "batches/transcriptions": BATCH_TRANSCRIPTION,
+    "audio/speech": SPEECH,
 }
 
 

@@ -63,7 +63,7 @@ def test_npu_recipe(devices: dict[str, Any], reason: str) -> None:
     [
         ("whispercpp", "recipe whispercpp (transcription) has no engine in lemonkit yet"),
         ("sd-cpp", "recipe sd-cpp (image) has no engine in lemonkit yet"),
-        ("kokoro", "recipe kokoro (tts) has no engine in lemonkit yet"),
+        ("openmoss", "recipe openmoss (tts) has no engine in lemonkit yet"),
         ("vllm", "recipe vllm needs an AMD GPU with ROCm (vLLM); this machine has none"),
         ("flm", "recipe flm needs an AMD NPU (FastFlowLM); this machine has none"),
     ],

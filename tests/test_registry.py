@@ -350,7 +350,9 @@ def test_repo_quant_downloaded(reg: Registry, hf_cache: Path) -> None:
     assert reg.is_downloaded(info)
     assert reg.resolve(info).main == path
     bundled = ["Gemma-3-270m-GGUF", "gemma3:270m", "SmolLM2-135M-Instruct-Bundled", "all-MiniLM-L6-v2-Bundled"]
-    assert [m.id for m in reg.list()] == [*bundled, "Qwen3-0.6B-GGUF", "qwen3:0.6b"]
+    whisper = ["Whisper-Tiny-En-Bundled", "Whisper-Base-Bundled"]  # after Lemonade's Whisper rows
+    speech = ["Piper-Joe-Medium-Bundled", "Hibari-Bundled", "Kokoro-82M-Int8-Bundled"]  # last rows of the catalog
+    assert [m.id for m in reg.list()] == [*bundled, "Qwen3-0.6B-GGUF", "qwen3:0.6b", *whisper, *speech]
 
 
 def test_quant_match_is_case_insensitive(reg: Registry, hf_cache: Path) -> None:

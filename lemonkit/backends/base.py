@@ -16,11 +16,22 @@ engine gets ``body["files"]`` as a list of :class:`Upload`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypedDict
 
-__all__ = ["ROUTES", "Binary", "BinaryStream", "Cancelled", "Engine", "LoadSpec", "SidecarRoute", "Upload"]
+__all__ = [
+    "ROUTES",
+    "Binary",
+    "BinaryStream",
+    "Cancelled",
+    "Engine",
+    "LoadSpec",
+    "SidecarRoute",
+    "Upload",
+    "physical_cores",
+]
 
 Cancelled = Callable[[], bool]
 
@@ -127,3 +138,10 @@ ROUTES: dict[str, SidecarRoute] = {
     "/v1/audio/speech": SidecarRoute("speak", True),
     "/v1/audio/voices": SidecarRoute("voices", False),
 }
+
+
+def physical_cores() -> int:
+    """The engines' default thread count: one per physical core (hyper-threads slow matrix kernels down)."""
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1

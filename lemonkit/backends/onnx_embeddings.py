@@ -14,7 +14,6 @@ listed as unsupported, see :mod:`lemonkit.catalog`).
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from lemonkit.backends.base import Cancelled, LoadSpec
+from lemonkit.backends.base import Cancelled, LoadSpec, physical_cores
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotApplicable
 
 __all__ = ["OnnxEmbeddingEngine"]
@@ -60,7 +59,7 @@ class OnnxEmbeddingEngine:
         model = next((p for p in (root / "onnx" / "model.onnx", root / "model.onnx") if p.is_file()), None)
         if model is None or not (root / "tokenizer.json").is_file():
             raise ModelLoadError(f"{root} holds no onnx/model.onnx and tokenizer.json")
-        threads = (spec.get("options") or {}).get("n_threads") or _physical_cores()
+        threads = (spec.get("options") or {}).get("n_threads") or physical_cores()
         if not isinstance(threads, int) or threads < 1:
             raise InvalidArgument(f"n_threads must be a positive integer, got {threads!r}")
 
@@ -144,9 +143,3 @@ class OnnxEmbeddingEngine:
 
     def close(self) -> None:
         self._session = None
-
-
-def _physical_cores() -> int:
-    import psutil
-
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from lemonkit.audio import WHISPER_RATE, Decoded, decode
-from lemonkit.backends.base import Cancelled, LoadSpec, Upload
+from lemonkit.backends.base import Cancelled, LoadSpec, Upload, physical_cores
 from lemonkit.errors import InvalidArgument, MissingArgument, ModelLoadError
 
 __all__ = ["FasterWhisperEngine"]
@@ -177,7 +177,7 @@ class FasterWhisperEngine:
         if not (root / "model.bin").is_file():
             raise ModelLoadError(f"{root} holds no CTranslate2 model.bin")
         options = spec.get("options") or {}
-        self._threads = self._positive(options, "n_threads", _physical_cores())
+        self._threads = self._positive(options, "n_threads", physical_cores())
         self._beam = self._positive(options, "beam_size", BEAM_SIZE)
         self._batch = self._positive(options, "batch_size", BATCH_SIZE)
         compute_type = options.get("compute_type") or "default"
@@ -446,9 +446,3 @@ class FasterWhisperEngine:
     def close(self) -> None:
         self._pipeline = None
         self._model = None
-
-
-def _physical_cores() -> int:
-    from lemonkit.backends.onnx_embeddings import _physical_cores as cores
-
-    return cores()

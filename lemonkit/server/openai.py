@@ -25,6 +25,7 @@ __all__ = [
     "CompletionsHandler",
     "EmbeddingsHandler",
     "ModelHandler",
+    "ModelRouteHandler",
     "ModelsHandler",
     "RerankHandler",
     "ResponsesHandler",
@@ -35,16 +36,17 @@ def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes")
 
 
-class InferenceHandler(LemonkitHandler):
-    """A route that runs a model: validate, resolve, load on first use, forward to the model's sidecar."""
+class ModelRouteHandler(LemonkitHandler):
+    """A route that runs a model, whatever its method: resolve, load on first use, forward to the model's
+    sidecar. Subclasses add the method (``post`` for :class:`InferenceHandler`)."""
 
     #: the sidecar route this handler forwards to
     sidecar_path = ""
     #: model types this route serves
     serves: tuple[str, ...] = ("llm",)
 
-    async def post(self) -> None:
-        body = self.json_body()
+    async def serve_model(self, body: dict[str, Any]) -> None:
+        """Run ``body`` (a checked request naming its ``model``) on its model."""
         info = await self.service.usable(body["model"])
         self.check_applicable(info)
         await self.unless_gone(self._serve(info, body))  # a client that leaves also ends a first-use download
@@ -69,6 +71,13 @@ class InferenceHandler(LemonkitHandler):
     def shape(self, result: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         """Adapt the engine's answer to what the client asked for (non-streaming)."""
         return result
+
+
+class InferenceHandler(ModelRouteHandler):
+    """A ``POST`` route that runs a model: validate the body, then :meth:`serve_model`."""
+
+    async def post(self) -> None:
+        await self.serve_model(self.json_body())
 
 
 class ChatCompletionsHandler(InferenceHandler):

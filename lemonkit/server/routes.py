@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lemonkit.server import audio, downloads, install, lemonade, live, logs, openai, options, realtime
+from lemonkit.server import audio, downloads, install, lemonade, live, logs, openai, options, realtime, speech
 from lemonkit.server.base import LemonkitHandler, LemonkitWebSocket, NotFoundHandler
 
 __all__ = ["API_PREFIXES", "API_ROUTES", "VERSIONED_WS_ROUTES", "WS_ROUTES", "build"]
@@ -23,6 +23,8 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("audio/transcriptions/live", live.LiveTranscriptionHandler),
     ("audio/alignments", audio.AlignmentHandler),
     ("batches/transcriptions", audio.BatchTranscriptionHandler),
+    ("audio/speech", speech.SpeechHandler),
+    ("audio/voices", speech.VoicesHandler),
     ("models", openai.ModelsHandler),
     ("models/(?P<model_id>[^/]+)/files", options.ModelFilesHandler),
     ("models/(?P<model_id>[^/]+)/options", options.ModelOptionsHandler),

@@ -29,11 +29,13 @@ UNSUPPORTED = {
     "Qwen2.5-0.5B-Instruct-CPU": "recipe ryzenai-llm needs an AMD NPU (Ryzen AI)",
     "Qwen3.5-0.8B-FP16-vLLM": "recipe vllm needs an AMD GPU with ROCm (vLLM)",
     "Moonshine-Tiny-Streaming": "recipe moonshine (transcription) has no engine in lemonkit yet",
-    "kokoro-v1": "recipe kokoro (tts) has no engine in lemonkit yet",
+    "OpenMOSS-TTS": "recipe openmoss (tts) has no engine in lemonkit yet",
     "SD-Turbo-GGUF": "recipe sd-cpp (image) has no engine in lemonkit yet",
     "MiniCPM5-1B-GGUF": "its checkpoints download from modelscope",
     "LMX-Omni-5.5B-Lite": "its components are listed in the registry repo lemonade-sdk/LMX-Omni-5.5B-Lite",
 }
+#: the recipes of Lemonade's catalog that lemonkit has an engine for
+RUNS = {"llamacpp", "kokoro", "faster-whisper"}
 CHAT = [{"role": "user", "content": "hi"}]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -72,8 +74,7 @@ async def test_show_all_lists_every_lemonade_name(host: Host) -> None:
             assert obj["checkpoints"] == row["checkpoints"], name
         elif row["recipe"] != "collection.omni":
             assert obj["checkpoint"] == row["checkpoint"], name
-        runs = row["recipe"] in ("llamacpp", "faster-whisper") and row.get("source") != "modelscope"
-        assert obj["supported"] is runs, name
+        assert obj["supported"] is (row["recipe"] in RUNS and row.get("source") != "modelscope"), name
         assert obj["supported"] or obj["unsupported_reason"], name
     for name, reason in UNSUPPORTED.items():
         assert listed[name]["supported"] is False and listed[name]["unsupported_reason"].startswith(reason)

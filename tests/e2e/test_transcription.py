@@ -185,6 +185,7 @@ async def test_bad_requests_are_4xx(stt: Host) -> None:
         message = assert_error(await transcribe(client, b"this is not audio"), 400, "invalid_audio")
         assert "decode" in message
         assert_error(await transcribe(client, b""), 400, "invalid_audio")
+        assert_error(await transcribe(client, b"junk", stream="true"), 400, "invalid_audio")  # before any event
         assert_error(await transcribe(client, wav(5)[:40]), 400, "invalid_audio")  # a WAV header, no samples
         no_file = await client.post("audio/transcriptions", data={"model": WHISPER}, files={"other": ("x", b"1")})
         assert_error(no_file, 400, "missing_argument")

@@ -1,0 +1,114 @@
+"""Text-to-speech routes: ``POST /v1/audio/speech`` and ``GET /v1/audio/voices`` (spec: ``openai-api.md``,
+``audio-api.md``).
+
+The model's sidecar synthesises (:mod:`lemonkit.backends.tts`); these handlers check the request before anything
+loads, then pass the sidecar's answer through: an encoded file or JSON as one body, raw PCM chunk by chunk
+(flushed as each sentence is synthesised), or SSE events. A client that hangs up closes the sidecar request,
+which stops the synthesis at its next sentence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from tornado.iostream import StreamClosedError
+
+from lemonkit import config
+from lemonkit.backends.tts import response_format, streaming_mode
+from lemonkit.errors import BackendError
+from lemonkit.inference import loaded_model
+from lemonkit.manager import LoadedModel
+from lemonkit.server.openai import InferenceHandler, ModelRouteHandler
+
+__all__ = ["SpeechHandler", "VoicesHandler"]
+
+#: sidecar answer headers passed on to the client
+_PASSED_HEADERS = ("Content-Type", "X-Sample-Rate")
+
+
+class SpeechHandler(InferenceHandler):
+    """``POST /v1/audio/speech``."""
+
+    schema = "audio/speech"
+    sidecar_path = "/v1/audio/speech"
+    serves = ("tts",)
+
+    def json_body(self, *, optional: bool = False) -> dict[str, Any]:
+        body = super().json_body(optional=optional)
+        response_format(body)  # a stream of mp3, say: refused before the model loads
+        return body
+
+    async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
+        stream = streaming_mode(body)
+        # The sidecar opens an SSE answer early only for stream: true with stream_format absent or "sse": name
+        # the mode explicitly, so a raw stream waits for its first bytes (and an early error keeps its status).
+        upstream = {k: v for k, v in body.items() if k not in ("stream", "stream_format")}
+        if stream is not None:
+            upstream.update(stream=True, stream_format=stream)
+        response = await self.sidecar_request(model, self.sidecar_path, upstream)
+        if stream == "sse":
+            await self.sse_open()
+            await self.pump(self.sidecar_frames(model, response))
+            return
+        for name in _PASSED_HEADERS:
+            if name in response.headers:
+                self.set_header(name, response.headers[name])
+        if stream == "audio":
+            await self._relay(model, response)
+            return
+        try:
+            content = await response.aread()
+        except httpx.TransportError:
+            self.service.manager.discard(model)
+            raise BackendError(
+                f"The engine of {model.name} died during the request; retry to reload it", status=502
+            ) from None
+        finally:
+            await response.aclose()
+        # Flushed before finish(): Jupyter's finish() would set the Content-Type to JSON while headers are unsent
+        self.set_header("Content-Length", str(len(content)))
+        self.write(content)
+        await self.flush()
+        self.finish()
+
+    async def _relay(self, model: LoadedModel, response: httpx.Response) -> None:
+        """Each chunk of raw audio as the sidecar sends it, until it ends or the client leaves."""
+        self.set_status(200)
+        self._sse_open = True  # the headers go out with the first chunk: a later failure cannot change them
+
+        async def run() -> None:
+            try:
+                async for chunk in response.aiter_raw():
+                    self.write(chunk)
+                    await self.flush()
+            finally:
+                await response.aclose()
+
+        try:
+            finished = await self.unless_gone(run())
+        except StreamClosedError:
+            return
+        except httpx.TransportError:
+            # the engine died mid-stream: end the connection without the last chunk, so that the client sees a
+            # broken body rather than a short one that looks complete
+            self.service.manager.discard(model)
+            self.request.connection.close()  # type: ignore[union-attr]
+            return
+        if finished:
+            self.finish()
+
+
+class VoicesHandler(ModelRouteHandler):
+    """``GET /v1/audio/voices?model=``: the model's voices (without ``model``: the loaded text-to-speech model,
+    else :func:`lemonkit.config.default_speech_model`)."""
+
+    sidecar_path = "/v1/audio/voices"
+    serves = ("tts",)
+
+    async def get(self) -> None:
+        name = self.get_query_argument("model", None) or loaded_model(self.service.manager.health(), "tts")
+        await self.serve_model({"model": name or config.default_speech_model()})
+
+    async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
+        self.write_json(await self.sidecar_json(model, self.sidecar_path, body))
