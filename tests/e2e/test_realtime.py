@@ -123,6 +123,27 @@ async def test_interim_transcripts_come_while_the_speaker_talks(host: Host) -> N
 
 
 @pytest.mark.slow
+async def test_session_update_sets_the_model_and_the_vad(host: Host) -> None:
+    ws = await _connect(host)
+    try:
+        await _created(ws)
+        update = {"model": MODEL, "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}
+        await ws.write_message(json.dumps({"type": "session.update", "session": update}))
+        updated = await _recv(ws)
+    finally:
+        ws.close()
+    assert updated["type"] == "session.updated", updated
+    session = updated["session"]
+    assert session["model"] == MODEL
+    assert session["turn_detection"] == {
+        "type": "server_vad",
+        "threshold": 0.01,
+        "silence_duration_ms": 500,
+        "prefix_padding_ms": 250,
+    }
+
+
+@pytest.mark.slow
 async def test_turn_detection_null_waits_for_the_commit(host: Host) -> None:
     spoken = SENTENCES[5]
     ws = await _connect(host, model=MODEL)
