@@ -35,13 +35,12 @@ REALTIME_LABEL = "realtime-transcription"
 def _session_fields(session: dict[str, Any]) -> tuple[Any, Any]:
     """``(model, turn_detection)`` of a ``session.update``, in the spec's flat shape or OpenAI's nested one
     (``audio.input.transcription.model``, ``audio.input.turn_detection``); ``...`` where absent."""
-    audio_in = (session.get("audio") or {}).get("input") if isinstance(session.get("audio"), dict) else None
+    audio = session.get("audio")
+    audio_in = audio.get("input") if isinstance(audio, dict) else None
     audio_in = audio_in if isinstance(audio_in, dict) else {}
-    transcription = session.get("input_audio_transcription") or audio_in.get("transcription") or {}
-    model = session.get("model", transcription.get("model", ...) if isinstance(transcription, dict) else ...)
-    if "turn_detection" in session:
-        return model, session["turn_detection"]
-    return model, audio_in.get("turn_detection", ...)
+    transcription = session.get("input_audio_transcription") or audio_in.get("transcription")
+    nested_model = transcription.get("model", ...) if isinstance(transcription, dict) else ...
+    return session.get("model", nested_model), session.get("turn_detection", audio_in.get("turn_detection", ...))
 
 
 class RealtimeHandler(LemonkitWebSocket):
