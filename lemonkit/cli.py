@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from lemonkit import commands
-from lemonkit.config import DEFAULT_PORT, Settings, default_chat_model
+from lemonkit.config import DEFAULT_PORT, LiveLimits, Settings, default_chat_model
 
 __all__ = ["DEMO_QUESTION", "chat_demo_body", "demo_body", "main"]
 
@@ -89,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
             help="web page origins (http://host:port) allowed to call the API, with CORS, comma-separated; "
             "default $LEMONKIT_ALLOWED_ORIGINS",
         )
+        for name, env in LiveLimits.ENV.items():
+            cmd.add_argument(
+                "--live-" + name.replace("_", "-"),
+                type=int,
+                metavar="N",
+                help=f"bound of /v1/audio/transcriptions/live's body (0: none); default ${env}, else "
+                f"{getattr(LiveLimits, name)}",
+            )
     serve = sub.choices["serve"]
     serve.add_argument("--load", metavar="MODEL", help="load this model before serving")
     # lemonkit.client's embedded server: announces its port on stdout, exits when its stdin closes
@@ -168,7 +176,8 @@ def _announce(port: int) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from lemonkit.server.standalone import serve
 
-    settings = Settings()
+    limits = LiveLimits.from_env(**{name: getattr(args, "live_" + name) for name in LiveLimits.ENV})
+    settings = Settings(live_limits=limits)
     browsers = {"allowed_hosts": args.allowed_hosts, "allowed_origins": args.allowed_origins}
     if args.command == "serve":
         _configure_logging(args.log_level)

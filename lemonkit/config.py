@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_SPEECH_MODEL",
     "DEFAULT_TRANSCRIPTION_MODEL",
+    "LiveLimits",
     "Settings",
     "default_chat_model",
     "default_embedding_model",
@@ -82,6 +83,63 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
+@dataclass(frozen=True)
+class LiveLimits:
+    """Bounds on the body of ``POST /v1/audio/transcriptions/live`` (spec: audio-api.md, ``live_ingest``);
+    ``0`` turns a bound off, except ``max_chunk_bytes``: a chunk is held whole, so it needs a bound.
+
+    Args:
+        idle_timeout_ms: Longest wait for more of the body (``LEMONKIT_LIVE_IDLE_TIMEOUT_MS``, 30 s).
+        total_timeout_ms: Longest time the body may take, all of it (``LEMONKIT_LIVE_TOTAL_TIMEOUT_MS``, 600 s).
+        max_body_bytes: Body bytes received, framing included (``LEMONKIT_LIVE_MAX_BODY_BYTES``, 512 MiB).
+        max_chunk_bytes: Largest chunk size a client may declare (``LEMONKIT_LIVE_MAX_CHUNK_BYTES``, 8 MiB).
+
+    Raises:
+        ValueError: A negative value, or ``max_chunk_bytes`` of 0.
+    """
+
+    idle_timeout_ms: int = 30_000
+    total_timeout_ms: int = 600_000
+    max_body_bytes: int = 512 * 1024 * 1024
+    max_chunk_bytes: int = 8 * 1024 * 1024
+
+    #: field -> its environment variable (and, dashed, its ``lemonkit serve`` flag after ``--live-``)
+    ENV = {
+        "idle_timeout_ms": "LEMONKIT_LIVE_IDLE_TIMEOUT_MS",
+        "total_timeout_ms": "LEMONKIT_LIVE_TOTAL_TIMEOUT_MS",
+        "max_body_bytes": "LEMONKIT_LIVE_MAX_BODY_BYTES",
+        "max_chunk_bytes": "LEMONKIT_LIVE_MAX_CHUNK_BYTES",
+    }
+
+    def __post_init__(self) -> None:
+        for name in self.ENV:
+            value = getattr(self, name)
+            if value < 0:
+                raise ValueError(f"{self.describe(name)} must be 0 (no bound) or more, got {value}")
+        if self.max_chunk_bytes == 0:
+            raise ValueError(
+                f"{self.describe('max_chunk_bytes')} must be more than 0: a chunk is held in memory whole, "
+                "so it cannot be unbounded"
+            )
+
+    @classmethod
+    def describe(cls, name: str) -> str:
+        """How an operator sets the bound ``name``, for messages."""
+        flag = "--live-" + name.replace("_", "-")
+        return f"the live transcription bound {name} ({cls.ENV[name]}, {flag}, LemonkitExtension.live_{name})"
+
+    @classmethod
+    def from_env(cls, **overrides: int | None) -> LiveLimits:
+        """Limits from the environment, with ``overrides`` (flags, traitlets) that are not ``None`` winning.
+
+        Raises:
+            ValueError: A value is not an integer, or out of range.
+        """
+        values = {name: _env_int(env, getattr(cls, name)) for name, env in cls.ENV.items()}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
 @dataclass
 class Settings:
     """Everything the model manager and the handlers need to know about the deployment.
@@ -104,6 +162,7 @@ class Settings:
             ``update_available`` (``LEMONKIT_UPDATE_CHECK_INTERVAL``).
         pip_command: The pip that ``/v1/install`` and ``/v1/uninstall`` run (``LEMONKIT_PIP``); it must manage
             the server's own environment, which is where backend states are read.
+        live_limits: Bounds on the live transcription route's body.
     """
 
     cache_dir: Path = field(default_factory=_default_cache_dir)
@@ -131,6 +190,7 @@ class Settings:
     pip_command: tuple[str, ...] = field(
         default_factory=lambda: tuple(shlex.split(os.environ.get("LEMONKIT_PIP", ""))) or (sys.executable, "-m", "pip")
     )
+    live_limits: LiveLimits = field(default_factory=LiveLimits.from_env)
 
     def __post_init__(self) -> None:
         if self.llamacpp_args:

@@ -14,7 +14,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web, websocket
 from traitlets import Int, List, Unicode, default
 
-from lemonkit.config import Settings
+from lemonkit.config import LiveLimits, Settings
 from lemonkit.errors import Unauthorized
 from lemonkit.server import routes
 from lemonkit.server.service import SETTINGS_KEY, Service
@@ -72,6 +72,13 @@ class LemonkitExtension(ExtensionApp):
         config=True
     )
     pip_command = List(Unicode(), help="The pip that installs backends (default: this Python's)").tag(config=True)
+    # bounds of /v1/audio/transcriptions/live's body (0: none); None: $LEMONKIT_LIVE_..., else lemonkit's default
+    live_idle_timeout_ms = Int(None, allow_none=True, help="Longest wait for more live audio, in ms").tag(config=True)
+    live_total_timeout_ms = Int(None, allow_none=True, help="Longest live body, in ms").tag(config=True)
+    live_max_body_bytes = Int(None, allow_none=True, help="Largest live body, framing included").tag(config=True)
+    live_max_chunk_bytes = Int(None, allow_none=True, help="Largest chunk of a live body (more than 0)").tag(
+        config=True
+    )
 
     @default("cache_dir")
     def _cache_dir_default(self) -> str:
@@ -102,6 +109,7 @@ class LemonkitExtension(ExtensionApp):
             llamacpp_args=self.llamacpp_args,
             recipes=load_recipes(self.recipes_file or None),
             pip_command=tuple(self.pip_command),
+            live_limits=LiveLimits.from_env(**{name: getattr(self, "live_" + name) for name in LiveLimits.ENV}),
         )
         settings.api_key = None  # Jupyter's own auth guards every route
         self.service = Service(settings)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lemonkit.server import audio, downloads, install, lemonade, logs, openai, options, speech
+from lemonkit.server import audio, downloads, install, lemonade, live, logs, openai, options, realtime, speech
 from lemonkit.server.base import LemonkitHandler, LemonkitWebSocket, NotFoundHandler
 
-__all__ = ["API_PREFIXES", "API_ROUTES", "WS_ROUTES", "build"]
+__all__ = ["API_PREFIXES", "API_ROUTES", "VERSIONED_WS_ROUTES", "WS_ROUTES", "build"]
 
 #: every versioned route is served under each of these
 API_PREFIXES = ("api/v1/", "v1/", "api/v0/", "v0/")
@@ -20,6 +20,7 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("(?:rerank|reranking|reranker)", openai.RerankHandler),
     ("audio/transcriptions", audio.TranscriptionHandler),
     ("audio/transcriptions/details", audio.TranscriptionDetailsHandler),
+    ("audio/transcriptions/live", live.LiveTranscriptionHandler),
     ("audio/alignments", audio.AlignmentHandler),
     ("batches/transcriptions", audio.BatchTranscriptionHandler),
     ("audio/speech", speech.SpeechHandler),
@@ -45,7 +46,10 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
 #: WebSocket routes, unversioned like ``/live`` (the spec serves them from the root of its WebSocket port)
 WS_ROUTES: list[tuple[str, type[LemonkitWebSocket]]] = [
     ("logs/stream", logs.LogStreamHandler),
+    ("realtime", realtime.RealtimeHandler),
 ]
+#: WebSocket routes also served under each API prefix: OpenAI's SDK connects to ``{base_url}/realtime``
+VERSIONED_WS_ROUTES: list[tuple[str, type[LemonkitWebSocket]]] = [("realtime", realtime.RealtimeHandler)]
 
 
 def build(root: str, host_base: type[Any], ws_base: type[Any]) -> list[tuple[str, type[Any]]]:
@@ -68,5 +72,6 @@ def build(root: str, host_base: type[Any], ws_base: type[Any]) -> list[tuple[str
     rules = [(f"{root}{prefix}{path}/?", host(cls)) for prefix in API_PREFIXES for path, cls in API_ROUTES]
     rules.append((f"{root}live/?", host(lemonade.LiveHandler)))
     rules += [(f"{root}{path}/?", host(cls, ws_base)) for path, cls in WS_ROUTES]
+    rules += [(f"{root}{p}{path}/?", host(cls, ws_base)) for p in API_PREFIXES for path, cls in VERSIONED_WS_ROUTES]
     rules.append((f"{root}.*", host(NotFoundHandler)))
     return rules

@@ -124,6 +124,8 @@ def _problem(response: httpx.Response) -> str | None:
 async def test_deep_nesting_is_invalid_json(host: Host, body: bytes) -> None:
     async with host.client() as client:
         for route in post_routes():
+            if getattr(route.handler, "raw_body", False):
+                continue  # its body is audio, not JSON: the malformed-body corpus above covers it
             response = await client.post(host.root + route.path, content=body, headers={"Content-Type": JSON})
             assert response.status_code == 400, (route.path, response.text)
             assert response.json()["error"]["code"] == "invalid_json"
