@@ -7,9 +7,13 @@ Sections (each a function taking the :class:`Bench`; add one to :data:`SECTIONS`
   speech through ``POST /api/v1/audio/transcriptions`` of one ``lemonkit serve`` subprocess, against faster-whisper
   called in this process with the engine's settings (beam 5, 2 threads), runs interleaved; the ratio
   direct / API is the API's speed relative to the engine's (target >= 0.95);
-- ``wer``: word error rate of each bundled Whisper model on the espeak-ng sentences of ``tests/speech.py``.
+- ``wer``: word error rate of each bundled Whisper model on the espeak-ng sentences of ``tests/speech.py``;
+- ``realtime``: time to the first interim delta and to the completed transcript on ``WS /realtime``, speech sent in
+  real time as a microphone would;
+- ``tts``: text-to-speech RTF through ``POST /api/v1/audio/speech`` against each engine called directly, and time to
+  the first streamed chunk (``benchmarks/text_to_speech.py``).
 
-    python benchmarks/audio.py [--rounds 5] [--sections transcription,wer]
+    python benchmarks/audio.py [--rounds 5] [--sections transcription,wer,realtime,tts]
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the espeak-ng sentences
-from embedded_server import embedded_server
+from embeddings import _serve  # one embedded `lemonkit serve` per benchmark, started alike
 from speech import SENTENCES, speech_wav, word_error_rate
+from text_to_speech import section as tts
 
 WHISPER_MODELS = ("Whisper-Tiny-En-Bundled", "Whisper-Base-Bundled")
 THREADS = 2
@@ -116,7 +121,67 @@ def wer(bench: Bench) -> None:
         bench.api.post("unload", json={"model_name": model})
 
 
-SECTIONS: dict[str, Callable[[Bench], None]] = {"transcription": transcription, "wer": wer}
+def realtime(bench: Bench) -> None:
+    """Time to the first interim delta and to the completed transcript on ``/realtime``, speech sent as a microphone
+    would: 100 ms chunks of PCM16 at 16 kHz, in real time, then a second of silence for the server's VAD."""
+    import base64
+    import json
+
+    import numpy as np
+    from websockets.sync.client import connect
+
+    from lemonkit.audio import decode, pcm16
+
+    model = WHISPER_MODELS[0]
+    speech = decode(speech_wav(SENTENCES[0]), sample_rate=16000).samples
+    samples = np.concatenate([speech, np.zeros(16000, dtype=np.float32)])
+    chunk = 1600
+    url = str(bench.api.base_url).replace("http://", "ws://") + f"realtime?model={model}"
+    bench.api.post("load", json={"model_name": model}).raise_for_status()
+    firsts, finals = [], []
+    for _ in range(bench.rounds):
+        with connect(url, open_timeout=60) as ws:
+            json.loads(ws.recv())  # session.created
+            start = time.perf_counter()
+            first = end_of_speech = None
+            for i in range(0, len(samples), chunk):
+                audio = base64.b64encode(pcm16(samples[i : i + chunk])).decode()
+                ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+                if i + chunk >= len(speech) and end_of_speech is None:
+                    end_of_speech = time.perf_counter()
+                deadline = start + (i + chunk) / 16000
+                while (wait := deadline - time.perf_counter()) > 0:
+                    try:
+                        event = json.loads(ws.recv(timeout=wait))
+                    except TimeoutError:
+                        break
+                    if event["type"].endswith("transcription.delta") and first is None:
+                        first = time.perf_counter() - start
+            while True:
+                event = json.loads(ws.recv(timeout=120))
+                if event["type"].endswith("transcription.delta") and first is None:
+                    first = time.perf_counter() - start
+                if event["type"].endswith("transcription.completed"):
+                    assert end_of_speech is not None
+                    finals.append(time.perf_counter() - end_of_speech)
+                    break
+            if first is not None:
+                firsts.append(first)
+    print(f"\n## realtime: {len(speech) / 16000:.1f} s of speech sent in real time, median of {bench.rounds} sessions")
+    if firsts:
+        print(f"first interim delta after the first audio: {statistics.median(firsts) * 1000:.0f} ms")
+    print(
+        f"completed transcript after the speech ended: {statistics.median(finals) * 1000:.0f} ms (VAD silence included)"
+    )
+    bench.api.post("unload", json={"model_name": model})
+
+
+SECTIONS: dict[str, Callable[[Bench], None]] = {
+    "transcription": transcription,
+    "wer": wer,
+    "realtime": realtime,
+    "tts": tts,
+}
 
 
 def main() -> None:
@@ -128,13 +193,16 @@ def main() -> None:
     unknown = [name for name in chosen if name not in SECTIONS]
     if unknown:
         parser.error(f"unknown sections: {', '.join(unknown)}")
-    with (
-        tempfile.TemporaryDirectory(prefix="lemonkit-audio-bench-") as tmp,
-        embedded_server(Path(tmp)) as url,
-        httpx.Client(base_url=url, timeout=600) as api,
-    ):
-        for name in chosen:
-            SECTIONS[name](Bench(api, Path(tmp), args.rounds))
+    with tempfile.TemporaryDirectory(prefix="lemonkit-audio-bench-") as tmp:
+        server, url = _serve(Path(tmp))
+        try:
+            with httpx.Client(base_url=url, timeout=600) as api:
+                for name in chosen:
+                    SECTIONS[name](Bench(api, Path(tmp), args.rounds))
+        finally:
+            assert server.stdin is not None
+            server.stdin.close()  # the embedded server exits when its stdin closes
+            server.wait(timeout=60)
 
 
 if __name__ == "__main__":
