@@ -24,10 +24,12 @@ __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_PORT",
     "DEFAULT_SPEECH_MODEL",
+    "DEFAULT_IMAGE_MODEL",
     "DEFAULT_TRANSCRIPTION_MODEL",
     "Settings",
     "default_chat_model",
     "default_embedding_model",
+    "default_image_model",
     "default_speech_model",
     "default_transcription_model",
 ]
@@ -44,6 +46,9 @@ DEFAULT_TRANSCRIPTION_MODEL = "Whisper-Tiny-En-Bundled"
 #: The text-to-speech model used when none is named (``lemonkit.speak()``, ``GET /v1/audio/voices`` without
 #: ``model`` and nothing loaded): Piper's en_US-joe-medium, bundled the same way.
 DEFAULT_SPEECH_MODEL = "Piper-Joe-Medium-Bundled"
+#: The image generation model used when none is named (``lemonkit.generate_image()``): Lemonade's SD-Turbo, run on
+#: diffusers from stabilityai/sd-turbo. No weights ship with lemonkit: it must be pulled first.
+DEFAULT_IMAGE_MODEL = "SD-Turbo"
 
 
 def default_chat_model() -> str:
@@ -61,6 +66,12 @@ def default_transcription_model() -> str:
     """The speech-to-text model used when none is named: ``LEMONKIT_DEFAULT_TRANSCRIPTION_MODEL``, else
     :data:`DEFAULT_TRANSCRIPTION_MODEL`."""
     return os.environ.get("LEMONKIT_DEFAULT_TRANSCRIPTION_MODEL", "").strip() or DEFAULT_TRANSCRIPTION_MODEL
+
+
+def default_image_model() -> str:
+    """The image generation model used when none is named: ``LEMONKIT_DEFAULT_IMAGE_MODEL``, else
+    :data:`DEFAULT_IMAGE_MODEL`."""
+    return os.environ.get("LEMONKIT_DEFAULT_IMAGE_MODEL", "").strip() or DEFAULT_IMAGE_MODEL
 
 
 def default_speech_model() -> str:

@@ -139,6 +139,18 @@ DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
             },
         },
     },
+    "diffusers": {
+        "default_backend": "cpu",
+        "backends": {
+            "cpu": {
+                "devices": ["cpu"],
+                "distribution": "diffusers",
+                "module": "diffusers",
+                "min_version": "0.42.1",
+                "extra": "images",
+            },
+        },
+    },
     # image upscaling: Real-ESRGAN networks on ncnn's CPU path (its Vulkan path is never enabled)
     "ncnn": {
         "default_backend": "cpu",
