@@ -544,6 +544,8 @@ SPEECH = Obj(
     },
     required=["input", "model"],
 )
+#: POST /v1/images/upscale. ``upscale_factor`` must be the model's own scale; its engine says so otherwise
+IMAGE_UPSCALE = Obj({"image": STR, "model": STR, "upscale_factor": WholeNumber(1)}, required=["image", "model"])
 DOWNLOADS_CONTROL = Obj({"id": STR, "action": Str(["pause", "cancel", "remove"])}, required=["id", "action"])
 DELETE = Obj({"model_name": STR}, required=["model_name"])
 
@@ -565,6 +567,7 @@ ROUTES: dict[str, Obj] = {
     "audio/alignments": ALIGNMENT,
     "batches/transcriptions": BATCH_TRANSCRIPTION,
     "audio/speech": SPEECH,
+    "images/upscale": IMAGE_UPSCALE,
 }
 
 
