@@ -79,13 +79,15 @@ class DiffusersEngine:
         index_file = root / "model_index.json"
         if not index_file.is_file():
             raise ModelLoadError(f"{root} is not a diffusers pipeline (it has no model_index.json)")
+        diffusers.utils.logging.disable_progress_bar()  # the sidecar's log is no terminal
         self._options = dict(spec.get("options") or {})
         threads = self._options.get("n_threads") or physical_cores()
         torch.set_num_threads(int(threads))
         try:
             index = json.loads(index_file.read_text(encoding="utf-8"))
             components = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list)]
-            kwargs: dict[str, Any] = {"torch_dtype": torch.float32, "local_files_only": True}
+            # float32 on the CPU, whatever the files hold (fp16 weights are upcast as they load)
+            kwargs: dict[str, Any] = {"dtype": torch.float32, "local_files_only": True}
             variant = _variant(root, components)
             if variant:
                 kwargs["variant"] = variant
