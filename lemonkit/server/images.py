@@ -94,6 +94,8 @@ class ImageVariationHandler(_ImageRoute):
     sidecar_path = "/v1/images/variations"
     #: the route takes a ``mask`` part
     masks = False
+    #: the route takes only multipart/form-data (no JSON form)
+    multipart_only = True
     uploads: list[Upload]
 
     async def post(self) -> None:
