@@ -20,7 +20,7 @@ from upscale_images import MIN_PSNR, UPSCALERS, bicubic, noise, picture, png, ps
 from lemonkit.backends import engine_class
 from lemonkit.backends.base import Upload
 from lemonkit.backends.ncnn_upscale import MAX_OUTPUT_PIXELS, PAD, NcnnUpscaleEngine, tiles
-from lemonkit.config import DEFAULT_UPSCALE_MODEL
+from lemonkit.config import DEFAULT_UPSCALE_MODEL, default_upscale_model
 from lemonkit.errors import BackendError, InvalidArgument, ModelLoadError
 from lemonkit.registry import Registry
 
@@ -78,6 +78,13 @@ def test_the_bundled_upscalers_are_on_demand_ncnn_models_read_from_the_package()
         main = registry.resolve(info).main
         assert main.suffix == ".param" and main.with_suffix(".bin").is_file() and main.parent.name == "models"
     assert DEFAULT_UPSCALE_MODEL == "RealESRGAN-x4plus"
+
+
+def test_the_default_upscaler_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEMONKIT_DEFAULT_UPSCALE_MODEL", " ")
+    assert default_upscale_model() == DEFAULT_UPSCALE_MODEL
+    monkeypatch.setenv("LEMONKIT_DEFAULT_UPSCALE_MODEL", FAST)
+    assert default_upscale_model() == FAST
 
 
 def test_the_engine_never_imports_the_package_module() -> None:
