@@ -21,10 +21,10 @@ from lemonkit.system_info import load_recipes
 __all__ = [
     "DEFAULT_CHAT_MODEL",
     "DEFAULT_EMBEDDING_MODEL",
+    "DEFAULT_IMAGE_MODEL",
     "DEFAULT_MODEL",
     "DEFAULT_PORT",
     "DEFAULT_SPEECH_MODEL",
-    "DEFAULT_IMAGE_MODEL",
     "DEFAULT_TRANSCRIPTION_MODEL",
     "Settings",
     "default_chat_model",
