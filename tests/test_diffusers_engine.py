@@ -13,6 +13,7 @@ from lemonkit.backends.base import Upload
 from lemonkit.backends.images.params import MAX_SIDE, Settings, capped_size, parse_size
 from lemonkit.backends.images.pictures import decode_image, image_kind
 from lemonkit.errors import InvalidArgument, ModelLoadError
+from lemonkit.hf_cache import HubCache
 
 
 def test_sizes() -> None:
@@ -51,6 +52,17 @@ def test_uploads() -> None:
     for bad in (b"GIF89a....", b"\x89PNG\r\n\x1a\ntruncated"):
         with pytest.raises(InvalidArgument, match="image"):
             decode_image(Upload("bad", bad), field="image")
+
+
+def test_a_diffusers_snapshot_is_present_with_its_index(tmp_path: Path) -> None:
+    snapshot = tmp_path / "models--org--sd" / "snapshots" / ("c" * 40)
+    (snapshot / "unet").mkdir(parents=True)
+    (snapshot / "unet" / "config.json").write_text("{}")
+    cache = HubCache(tmp_path)
+    assert cache.locate("diffusers", "org/sd") is None  # a component without the pipeline's index
+    assert cache.locate("faster-whisper", "org/sd") == snapshot  # other whole-repo recipes: any file
+    (snapshot / "model_index.json").write_text("{}")
+    assert cache.locate("diffusers", "org/sd") == snapshot
 
 
 @pytest.mark.slow
