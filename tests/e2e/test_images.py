@@ -196,8 +196,9 @@ async def test_edit_and_variation_errors(host: Host) -> None:
             assert_error(chat, 400, "model_not_applicable")
         no_prompt = await client.post("images/edits", data={"model": TINY_SD}, files={"image": image})
         assert_error(no_prompt, 400, "missing_argument")
-        two = await client.post("images/edits", data={"model": TINY_SD, "prompt": "x"}, files=[("image[]", image)] * 2)
-        assert "one image" in assert_error(two, 400, "invalid_argument")["message"]
+        for route in ("images/edits", "images/variations"):
+            two = await client.post(route, data={"model": TINY_SD, "prompt": "x"}, files=[("image[]", image)] * 2)
+            assert "one image" in assert_error(two, 400, "invalid_argument")["message"]
         broken = await client.post(
             "images/edits", data={"model": TINY_SD, "prompt": "x"}, files={"image": ("b.png", b"\x89PNG\r\n\x1a\nxx")}
         )
