@@ -21,15 +21,19 @@ from lemonkit.system_info import load_recipes
 __all__ = [
     "DEFAULT_CHAT_MODEL",
     "DEFAULT_EMBEDDING_MODEL",
+    "DEFAULT_IMAGE_MODEL",
     "DEFAULT_MODEL",
     "DEFAULT_PORT",
     "DEFAULT_SPEECH_MODEL",
     "DEFAULT_TRANSCRIPTION_MODEL",
+    "DEFAULT_UPSCALE_MODEL",
     "Settings",
     "default_chat_model",
     "default_embedding_model",
+    "default_image_model",
     "default_speech_model",
     "default_transcription_model",
+    "default_upscale_model",
 ]
 
 DEFAULT_PORT = 13305
@@ -44,6 +48,11 @@ DEFAULT_TRANSCRIPTION_MODEL = "Whisper-Tiny-En-Bundled"
 #: The text-to-speech model used when none is named (``lemonkit.speak()``, ``GET /v1/audio/voices`` without
 #: ``model`` and nothing loaded): Piper's en_US-joe-medium, bundled the same way.
 DEFAULT_SPEECH_MODEL = "Piper-Joe-Medium-Bundled"
+#: The image generation model used when none is named (``lemonkit.generate_image()``): no package ships Stable
+#: Diffusion weights, so this one is pulled from the hub on first use.
+DEFAULT_IMAGE_MODEL = "SD-Turbo"
+#: The upscaler used when none is named (``lemonkit.upscale()``): Real-ESRGAN x4plus, bundled (ncnn weights).
+DEFAULT_UPSCALE_MODEL = "RealESRGAN-x4plus"
 
 
 def default_chat_model() -> str:
@@ -67,6 +76,17 @@ def default_speech_model() -> str:
     """The text-to-speech model used when none is named: ``LEMONKIT_DEFAULT_SPEECH_MODEL``, else
     :data:`DEFAULT_SPEECH_MODEL`."""
     return os.environ.get("LEMONKIT_DEFAULT_SPEECH_MODEL", "").strip() or DEFAULT_SPEECH_MODEL
+
+
+def default_image_model() -> str:
+    """The image generation model used when none is named: ``LEMONKIT_DEFAULT_IMAGE_MODEL``, else
+    :data:`DEFAULT_IMAGE_MODEL`."""
+    return os.environ.get("LEMONKIT_DEFAULT_IMAGE_MODEL", "").strip() or DEFAULT_IMAGE_MODEL
+
+
+def default_upscale_model() -> str:
+    """The upscaler used when none is named: ``LEMONKIT_DEFAULT_UPSCALE_MODEL``, else :data:`DEFAULT_UPSCALE_MODEL`."""
+    return os.environ.get("LEMONKIT_DEFAULT_UPSCALE_MODEL", "").strip() or DEFAULT_UPSCALE_MODEL
 
 
 def _default_cache_dir() -> Path:
