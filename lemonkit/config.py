@@ -48,8 +48,8 @@ DEFAULT_TRANSCRIPTION_MODEL = "Whisper-Tiny-En-Bundled"
 #: The text-to-speech model used when none is named (``lemonkit.speak()``, ``GET /v1/audio/voices`` without
 #: ``model`` and nothing loaded): Piper's en_US-joe-medium, bundled the same way.
 DEFAULT_SPEECH_MODEL = "Piper-Joe-Medium-Bundled"
-#: The image generation model used when none is named (``lemonkit.generate_image()``): no package ships Stable
-#: Diffusion weights, so this one is pulled from the hub on first use.
+#: The image generation model used when none is named (``lemonkit.generate_image()``): Lemonade's SD-Turbo, run on
+#: diffusers from stabilityai/sd-turbo. No weights ship with lemonkit: it must be pulled first.
 DEFAULT_IMAGE_MODEL = "SD-Turbo"
 #: The upscaler used when none is named (``lemonkit.upscale()``): Real-ESRGAN x4plus, bundled (ncnn weights).
 DEFAULT_UPSCALE_MODEL = "RealESRGAN-x4plus"
@@ -72,16 +72,16 @@ def default_transcription_model() -> str:
     return os.environ.get("LEMONKIT_DEFAULT_TRANSCRIPTION_MODEL", "").strip() or DEFAULT_TRANSCRIPTION_MODEL
 
 
-def default_speech_model() -> str:
-    """The text-to-speech model used when none is named: ``LEMONKIT_DEFAULT_SPEECH_MODEL``, else
-    :data:`DEFAULT_SPEECH_MODEL`."""
-    return os.environ.get("LEMONKIT_DEFAULT_SPEECH_MODEL", "").strip() or DEFAULT_SPEECH_MODEL
-
-
 def default_image_model() -> str:
     """The image generation model used when none is named: ``LEMONKIT_DEFAULT_IMAGE_MODEL``, else
     :data:`DEFAULT_IMAGE_MODEL`."""
     return os.environ.get("LEMONKIT_DEFAULT_IMAGE_MODEL", "").strip() or DEFAULT_IMAGE_MODEL
+
+
+def default_speech_model() -> str:
+    """The text-to-speech model used when none is named: ``LEMONKIT_DEFAULT_SPEECH_MODEL``, else
+    :data:`DEFAULT_SPEECH_MODEL`."""
+    return os.environ.get("LEMONKIT_DEFAULT_SPEECH_MODEL", "").strip() or DEFAULT_SPEECH_MODEL
 
 
 def default_upscale_model() -> str:

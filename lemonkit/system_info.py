@@ -139,6 +139,18 @@ DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
             },
         },
     },
+    "diffusers": {
+        "default_backend": "cpu",
+        "backends": {
+            "cpu": {
+                "devices": ["cpu"],
+                "distribution": "diffusers",
+                "module": "diffusers",
+                "min_version": "0.42.1",
+                "extra": "images",
+            },
+        },
+    },
 }
 
 _PCI_VENDORS = {"0x1002": "amd_gpu", "0x10de": "nvidia_gpu"}

@@ -23,6 +23,7 @@ RECIPES: dict[str, str] = {
     "piper": "lemonkit.backends.tts.piper:PiperEngine",
     "kokoro": "lemonkit.backends.tts.kokoro:KokoroEngine",
     "hibari": "lemonkit.backends.tts.hibari:HibariEngine",
+    "diffusers": "lemonkit.backends.images.diffusers_engine:DiffusersEngine",
 }
 
 

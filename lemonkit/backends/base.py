@@ -102,6 +102,11 @@ class Engine(Protocol):
     # and text-to-speech engines
     #   speak(body, *, cancelled)             Binary (an encoded file), BinaryStream (raw PCM) or dict events
     #   voices(body)                          {"voices": [...]}
+    # image engines
+    #   generate(body, *, cancelled)          {"created", "data": [{"b64_json", "generation_info"}], "output_format"}
+    #   edit(body, *, cancelled)              body["files"]: the images, then the mask when body["has_mask"]
+    #   vary(body, *, cancelled)              body["files"][0] is the source image
+    #   upscale(body, *, cancelled)           body["files"][0]; {"created", "data": [{"b64_json"}]}
 
     def stats(self) -> dict[str, Any]:
         """``/v1/stats`` fields for the last request this engine served."""
@@ -137,6 +142,11 @@ ROUTES: dict[str, SidecarRoute] = {
     # text-to-speech
     "/v1/audio/speech": SidecarRoute("speak", True),
     "/v1/audio/voices": SidecarRoute("voices", False),
+    # images: the front sends uploaded images as ``files`` (PNG/JPEG bytes); the engine decodes them
+    "/v1/images/generations": SidecarRoute("generate", True),
+    "/v1/images/edits": SidecarRoute("edit", True, files=True),
+    "/v1/images/variations": SidecarRoute("vary", True, files=True),
+    "/v1/images/upscale": SidecarRoute("upscale", True, files=True),
 }
 
 
