@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lemonkit import config, inference, provenance
+from lemonkit import config, provenance
 from lemonkit.errors import InvalidArgument
 from lemonkit.images import ImageInput, Images, image_bytes, png_bytes
 
@@ -120,12 +120,6 @@ def _upload(name: str, source: ImageInput, stem: str) -> tuple[str, tuple[str, b
     return name, (f"{stem}.{media_type.rsplit('/', 1)[1]}", data, media_type)
 
 
-def _model(health: dict[str, Any], kind: str) -> str:
-    """``model=None``: the loaded model of ``kind`` (``image``/``upscaling``), else the default."""
-    default = config.default_image_model() if kind == "image" else config.default_upscale_model()
-    return inference.loaded_model(health, kind) or default
-
-
 class SyncImageMethods:
     """Mixed into :class:`~lemonkit.client.Client`."""
 
@@ -137,8 +131,6 @@ class SyncImageMethods:
         def request(
             self, method: str, path: str, *, headers_out: dict[str, str] | None = None, raw: bool = False, **kwargs: Any
         ) -> Any: ...
-
-        def health(self) -> dict[str, Any]: ...
 
     def _send_image_request(self, request: ImageRequest) -> Images:
         clock, headers = provenance.Clock(), dict[str, str]()
@@ -160,8 +152,8 @@ class SyncImageMethods:
 
         Args:
             prompt: What to draw.
-            model: An image model; ``None``: the loaded one, else ``lemonkit.config.default_image_model()``
-                (``SD-Turbo``, downloaded on first use; ``LEMONKIT_DEFAULT_IMAGE_MODEL`` overrides it).
+            model: An image model; ``None``: ``lemonkit.config.default_image_model()`` (``SD-Turbo``, downloaded on
+                first use; ``LEMONKIT_DEFAULT_IMAGE_MODEL`` overrides it).
             n: How many images.
             size: ``"WIDTHxHEIGHT"`` or ``(width, height)``; ``None``: the model's own, else 512x512.
             steps: Inference steps (``None``: the model's own).
@@ -184,7 +176,7 @@ class SyncImageMethods:
             >>> images.seeds, images[0].size
             ([7, 8], (512, 512))
         """
-        model = model or _model(self.health(), "image")
+        model = model or config.default_image_model()
         request = ImageRequest.generation(prompt, model, n=n, size=size, steps=steps, cfg_scale=cfg_scale, seed=seed)
         return self._send_image_request(request)
 
@@ -227,7 +219,7 @@ class SyncImageMethods:
             >>> edited[0].size == photo.size
             True
         """
-        model = model or _model(self.health(), "image")
+        model = model or config.default_image_model()
         request = ImageRequest.edit(
             image, prompt, model, mask=mask, n=n, size=size, steps=steps, cfg_scale=cfg_scale, seed=seed
         )
@@ -261,7 +253,7 @@ class SyncImageMethods:
             >>> len(lemonkit.Client().vary_image("cat.png", n=3))
             3
         """
-        model = model or _model(self.health(), "image")
+        model = model or config.default_image_model()
         return self._send_image_request(ImageRequest.variation(image, model, n=n, size=size, seed=seed))
 
     def upscale(self, image: ImageInput, model: str | None = None, *, factor: int | None = None) -> Images:
@@ -269,8 +261,8 @@ class SyncImageMethods:
 
         Args:
             image: As :meth:`edit_image`'s (one image; sent as PNG).
-            model: An upscaling model; ``None``: the loaded one, else ``lemonkit.config.default_upscale_model()``
-                (``RealESRGAN-x4plus``; ``LEMONKIT_DEFAULT_UPSCALE_MODEL`` overrides it).
+            model: An upscaling model; ``None``: ``lemonkit.config.default_upscale_model()`` (``RealESRGAN-x4plus``,
+                bundled; ``LEMONKIT_DEFAULT_UPSCALE_MODEL`` overrides it).
             factor: The scale, where the model allows one (``None``: the model's own).
 
         Returns:
@@ -284,7 +276,7 @@ class SyncImageMethods:
             >>> lemonkit.Client().upscale(small)[0].size
             (512, 512)
         """
-        model = model or _model(self.health(), "upscaling")
+        model = model or config.default_upscale_model()
         return self._send_image_request(ImageRequest.upscale(image, model, factor=factor))
 
 
@@ -298,8 +290,6 @@ class AsyncImageMethods:
         async def request(
             self, method: str, path: str, *, headers_out: dict[str, str] | None = None, raw: bool = False, **kwargs: Any
         ) -> Any: ...
-
-        async def health(self) -> dict[str, Any]: ...
 
     async def _send_image_request(self, request: ImageRequest) -> Images:
         clock, headers = provenance.Clock(), dict[str, str]()
@@ -318,7 +308,7 @@ class AsyncImageMethods:
         seed: int | None = None,
     ) -> Images:
         """See :meth:`SyncImageMethods.generate_image`."""
-        model = model or _model(await self.health(), "image")
+        model = model or config.default_image_model()
         request = ImageRequest.generation(prompt, model, n=n, size=size, steps=steps, cfg_scale=cfg_scale, seed=seed)
         return await self._send_image_request(request)
 
@@ -336,7 +326,7 @@ class AsyncImageMethods:
         seed: int | None = None,
     ) -> Images:
         """See :meth:`SyncImageMethods.edit_image`."""
-        model = model or _model(await self.health(), "image")
+        model = model or config.default_image_model()
         request = ImageRequest.edit(
             image, prompt, model, mask=mask, n=n, size=size, steps=steps, cfg_scale=cfg_scale, seed=seed
         )
@@ -352,10 +342,10 @@ class AsyncImageMethods:
         seed: int | None = None,
     ) -> Images:
         """See :meth:`SyncImageMethods.vary_image`."""
-        model = model or _model(await self.health(), "image")
+        model = model or config.default_image_model()
         return await self._send_image_request(ImageRequest.variation(image, model, n=n, size=size, seed=seed))
 
     async def upscale(self, image: ImageInput, model: str | None = None, *, factor: int | None = None) -> Images:
         """See :meth:`SyncImageMethods.upscale`."""
-        model = model or _model(await self.health(), "upscaling")
+        model = model or config.default_upscale_model()
         return await self._send_image_request(ImageRequest.upscale(image, model, factor=factor))
