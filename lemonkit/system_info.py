@@ -151,6 +151,19 @@ DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
             },
         },
     },
+    # image upscaling: Real-ESRGAN networks on ncnn's CPU path (its Vulkan path is never enabled)
+    "ncnn": {
+        "default_backend": "cpu",
+        "backends": {
+            "cpu": {
+                "devices": ["cpu"],
+                "distribution": "ncnn",
+                "module": "ncnn",
+                "min_version": "1.0.20240410",
+                "extra": "upscale",
+            },
+        },
+    },
 }
 
 _PCI_VENDORS = {"0x1002": "amd_gpu", "0x10de": "nvidia_gpu"}

@@ -24,6 +24,7 @@ RECIPES: dict[str, str] = {
     "kokoro": "lemonkit.backends.tts.kokoro:KokoroEngine",
     "hibari": "lemonkit.backends.tts.hibari:HibariEngine",
     "diffusers": "lemonkit.backends.images.diffusers_engine:DiffusersEngine",
+    "ncnn": "lemonkit.backends.ncnn_upscale:NcnnUpscaleEngine",
 }
 
 
