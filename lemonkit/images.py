@@ -2,7 +2,8 @@
 :func:`lemonkit.edit_image`, :func:`lemonkit.vary_image` and :func:`lemonkit.upscale` return, and reading what they
 take (:func:`image_bytes`, :func:`png_bytes`).
 
-Pillow does the decoding and encoding; nothing here needs IPython: the grid a notebook shows is plain HTML.
+Pillow does the decoding (:func:`lemonkit.image_codec.open_image`, the engines' own) and the encoding; nothing here
+needs IPython: the grid a notebook shows is plain HTML.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lemonkit.errors import InvalidArgument
+from lemonkit.image_codec import open_image
 
 if TYPE_CHECKING:
     from PIL import Image as PILImage
@@ -29,29 +31,6 @@ _PNG = b"\x89PNG\r\n\x1a\n"
 _JPEG = b"\xff\xd8\xff"
 #: the settings a caption names, in this order, and how
 _CAPTION = (("seed", "seed {}"), ("steps", "{} steps"), ("cfg_scale", "cfg {}"), ("upscale_factor", "{}x"))
-
-
-def _pil() -> Any:
-    try:
-        from PIL import Image
-    except ImportError:
-        raise ImportError("Images need Pillow: pip install pillow (or lemonkit[notebook])") from None
-    return Image
-
-
-def open_image(data: bytes) -> PILImage.Image:
-    """Decode an image file's bytes (fully read: the image does not keep ``data``).
-
-    Raises:
-        InvalidArgument: Pillow cannot read them.
-    """
-    Image = _pil()
-    try:
-        image = Image.open(io.BytesIO(data))
-        image.load()
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise InvalidArgument(f"Not an image Pillow can read: {exc}") from None
-    return image
 
 
 def image_bytes(source: ImageInput) -> tuple[bytes, str]:
