@@ -6,7 +6,6 @@ exceptions."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import lemonkit
 from lemonkit.client import AsyncClient, Client
 from lemonkit.config import DEFAULT_UPSCALE_MODEL
 from lemonkit.errors import InvalidArgument, ModelNotApplicable, ModelNotFound
+from lemonkit.registry import Registry
 
 #: the tiny random pipeline (lemonkit.testing.tiny_diffusers) as a user model: 64x64 by default
 TINY_IMAGE = "user.tiny-diffusers"
@@ -26,8 +26,8 @@ TINY_IMAGE_REPO = "lemonkit-test/tiny-diffusers"
 
 
 def register_tiny_pipeline(hf_cache: Path, cache_dir: Path) -> str:
-    """The tiny pipeline as :data:`TINY_IMAGE`: its files in ``hf_cache``, its row in ``cache_dir``'s
-    ``user_models.json`` (written atomically: servers re-read it when it changes). Imports torch."""
+    """The tiny pipeline as :data:`TINY_IMAGE`: a downloaded hub repo in ``hf_cache``, registered in ``cache_dir``
+    with its ``image_defaults`` (servers re-read ``user_models.json`` when it changes). Imports torch."""
     from lemonkit.testing.tiny_diffusers import TINY_SIZE, write_tiny_pipeline
 
     commit = "d" * 40
@@ -35,18 +35,10 @@ def register_tiny_pipeline(hf_cache: Path, cache_dir: Path) -> str:
     write_tiny_pipeline(snapshot)
     (snapshot.parents[1] / "refs").mkdir(exist_ok=True)
     (snapshot.parents[1] / "refs" / "main").write_text(commit)
-    rows_path = cache_dir / "user_models.json"
-    rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
-    rows[TINY_IMAGE.removeprefix("user.")] = {
-        "checkpoint": TINY_IMAGE_REPO,
-        "recipe": "diffusers",
-        "labels": ["image"],
-        "image_defaults": {"width": TINY_SIZE, "height": TINY_SIZE, "steps": 2, "cfg_scale": 1.0},
-    }
+    defaults = {"width": TINY_SIZE, "height": TINY_SIZE, "steps": 2, "cfg_scale": 1.0}
+    row = {"checkpoint": TINY_IMAGE_REPO, "recipe": "diffusers", "labels": ["image"], "image_defaults": defaults}
     cache_dir.mkdir(parents=True, exist_ok=True)
-    staged = cache_dir / "user_models.json.tmp"
-    staged.write_text(json.dumps(rows, indent=2))
-    staged.replace(rows_path)
+    Registry(cache_dir, hf_cache=hf_cache).register(TINY_IMAGE, row)
     return TINY_IMAGE
 
 
@@ -138,6 +130,9 @@ async def test_edit_with_and_without_a_mask_and_vary(host: Host, tiny_image: str
 
     masked, whole, varied = await _in_thread(host, calls)
     assert masked[0].size == source.size and masked.settings[0]["masked"] is True and masked.seeds == [1]
+    kept = np.abs(pixels(masked[0])[32:] - pixels(source)[32:]).mean()
+    redrawn = np.abs(pixels(masked[0])[:32] - pixels(source)[:32]).mean()
+    assert kept < 8 < redrawn, (kept, redrawn)  # black kept the drawing; white was redrawn (noise, here)
     assert len(whole) == 2 and whole.seeds == [1, 2] and whole.settings[0]["masked"] is False
     assert masked.provenance["request"]["files"] == ["image=image-0.png", "mask=mask.png"]
     assert len(varied) == 2 and varied.seeds == [3, 4] and varied.prompt is None
