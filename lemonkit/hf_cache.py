@@ -27,6 +27,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote
 
+from lemonkit.diffusers_layout import diffusers_files
+
 __all__ = [
     "GGUF_RECIPES",
     "HubCache",
@@ -260,7 +262,8 @@ def checkpoint_files(recipe: str, variant: str | None, names: Iterable[str], *, 
     """The repo files one hub checkpoint needs, chosen from the repo's file list (the rules of the row schema).
 
     Args:
-        recipe: The model's recipe (GGUF recipes pick a quant; others take a folder or the whole repo).
+        recipe: The model's recipe (GGUF recipes pick a quant; diffusers takes a pipeline's files, see
+            :func:`lemonkit.diffusers_layout.diffusers_files`; others take a folder or the whole repo).
         variant: The part after ``repo:`` (a quant, a file path, a folder), or ``None``.
         names: Every file path in the repo (``/`` separated).
         partial: Return those of the needed files that are in ``names`` (an incomplete download's).
@@ -274,6 +277,8 @@ def checkpoint_files(recipe: str, variant: str | None, names: Iterable[str], *, 
         files = shard_set(variant)
     elif recipe in GGUF_RECIPES:
         files = select_gguf_files(listed, variant)
+    elif recipe == "diffusers" and not variant:
+        files = diffusers_files(listed)
     elif variant:
         prefix = variant.strip("/") + "/"
         files = sorted(n for n in listed if n.startswith(prefix))

