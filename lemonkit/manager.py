@@ -339,7 +339,8 @@ class ModelManager:
         limit = self.settings.max_loaded_models
         if limit < 0:
             return
-        same_type = [m for m in self._loaded.values() if m.info.type == info.type]
+        # on-demand models (upscalers) have slots of their own: upscaling a generated image keeps its generator
+        same_type = [m for m in self._loaded.values() if (m.info.type, m.info.on_demand) == (info.type, info.on_demand)]
         while len(same_type) >= limit:
             candidates = [m for m in same_type if not m.pinned]
             if not candidates:

@@ -59,6 +59,7 @@ __all__ = [
     "COLLECTION_OMNI",
     "DEPLOYMENT_LABELS",
     "LABEL_ALIASES",
+    "ON_DEMAND",
     "RECIPES",
     "BundledInfo",
     "ModelInfo",
@@ -85,6 +86,9 @@ DEPLOYMENT_LABELS: dict[str, str] = {
 LABEL_ALIASES = {"embedding": "embeddings", "classifier": "classification"}
 
 COLLECTION_OMNI = "collection.omni"
+#: the label of a model that runs only through its task's route (the upscalers): ``/v1/load`` refuses it, and it
+#: does not take a slot of its type from resident models (it competes only with other on-demand models)
+ON_DEMAND = "on-demand"
 #: registries a checkpoint downloads from (``registry_source``); lemonkit's downloader speaks the first
 REMOTE_REGISTRIES = ("huggingface", "modelscope")
 #: recipe -> (default deployment label, deployment labels its backend serves). Lemonade's recipes plus
@@ -170,6 +174,11 @@ class ModelInfo:
                 return DEPLOYMENT_LABELS[label]
         default = RECIPES.get(self.recipe, ("chat", frozenset()))[0]
         return DEPLOYMENT_LABELS[default]
+
+    @property
+    def on_demand(self) -> bool:
+        """Whether the model runs only through its task's route (label :data:`ON_DEMAND`)."""
+        return ON_DEMAND in self.labels
 
     @property
     def target_id(self) -> str:

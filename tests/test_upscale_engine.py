@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import CACHE_DIR
 from PIL import Image
-from upscale_images import UPSCALERS, bicubic, noise, picture, png, psnr, rgb
+from upscale_images import MIN_PSNR, UPSCALERS, bicubic, noise, picture, png, psnr, rgb
 
 from lemonkit.backends import engine_class
 from lemonkit.backends.base import Upload
@@ -27,8 +27,6 @@ from lemonkit.registry import Registry
 
 #: the fast network (a few ms for a small image): what the tests that are not about quality run on
 FAST = "realesr-animevideov3-x4"
-#: a closeness bound: the upscales here score 24-27 dB against bicubic, noise and a flat grey 8-12 dB
-MIN_PSNR = 21.0
 
 
 def never() -> bool:
@@ -103,8 +101,8 @@ def test_each_upscaler_scales_and_stays_close_to_bicubic(engines: dict[str, Ncnn
     reference = bicubic(source, scale)
     assert psnr(upscaled, reference) > MIN_PSNR
     # the same measure tells noise and a blank image apart from an upscale: the bound can fail
-    assert psnr(noise(*upscaled.size), reference) < MIN_PSNR - 8
-    assert psnr(Image.new("RGB", upscaled.size, (128, 128, 128)), reference) < MIN_PSNR - 8
+    assert psnr(noise(*upscaled.size), reference) < MIN_PSNR - 6
+    assert psnr(Image.new("RGB", upscaled.size, (128, 128, 128)), reference) < MIN_PSNR - 6
     # it keeps the picture's contrast (not blurred flat) and scales back down to the input
     assert rgb(upscaled).std() > 0.9 * rgb(reference).std()
     assert psnr(upscaled.resize(source.size, Image.Resampling.BICUBIC), source) > 26
@@ -113,7 +111,7 @@ def test_each_upscaler_scales_and_stays_close_to_bicubic(engines: dict[str, Ncnn
 def test_a_noise_input_is_not_made_into_a_clean_picture(engines: dict[str, NcnnUpscaleEngine]) -> None:
     """The network answers what it is given: noise in, something that is still far from a smooth picture."""
     upscaled = engines[FAST].upscale_image(noise(24, 24))
-    assert psnr(upscaled, bicubic(picture(24, 24), 4)) < MIN_PSNR - 8
+    assert psnr(upscaled, bicubic(picture(24, 24), 4)) < MIN_PSNR - 6
 
 
 def test_tiles_cover_the_image_once_within_bounds() -> None:

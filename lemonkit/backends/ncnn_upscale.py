@@ -187,7 +187,8 @@ class NcnnUpscaleEngine:
                 raise BackendError(f"{self.name} returned {result.shape[1:]} for a {(ry1 - ry0, rx1 - rx0)} tile")
             top, left = (y0 - ry0) * s, (x0 - rx0) * s
             crop = result[:, top : top + (y1 - y0) * s, left : left + (x1 - x0) * s]
-            out[y0 * s : y1 * s, x0 * s : x1 * s] = np.clip(crop * 255.0 + 0.5, 0, 255).astype(np.uint8).transpose(1, 2, 0)
+            pixels = np.clip(crop * 255.0 + 0.5, 0, 255).astype(np.uint8)
+            out[y0 * s : y1 * s, x0 * s : x1 * s] = pixels.transpose(1, 2, 0)
         return out
 
     def _run(self, rgb: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from lemonkit.errors import InvalidArgument
+from lemonkit.errors import InvalidArgument, ModelLoadRefused
 from lemonkit.options import RECIPE_OPTIONS
 from lemonkit.registry import COLLECTION_OMNI, ModelInfo, Registry
 from lemonkit.server.base import LemonkitHandler, allow_unauthenticated
@@ -30,11 +30,17 @@ class LoadHandler(LemonkitHandler):
     async def _load(self, body: dict[str, Any]) -> None:
         service = self.service
         info = await service.usable(body["model_name"])
+        if info.on_demand:
+            raise ModelLoadRefused(
+                f"{info.id} is an on-demand model: it loads on its first request to its route "
+                "(/v1/images/upscale for an upscaler), not through /v1/load"
+            )
         if info.recipe == COLLECTION_OMNI:
             parts, missing = await asyncio.to_thread(self._parts, service.registry, info)
             await service.downloads.install(missing)  # all of them before any load: a failure loads nothing
             for part in parts:
-                await service.manager.load(part.id)
+                if not part.on_demand:  # it loads on its first request
+                    await service.manager.load(part.id)
             self.write_json({"status": "success", "message": f"Loaded model: {info.id}"})
             return
         model = await service.manager.load(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lemonkit.server import audio, downloads, images, install, lemonade, logs, openai, options, speech
+from lemonkit.server import audio, downloads, images, install, lemonade, logs, openai, options, speech, upscale
 from lemonkit.server.base import LemonkitHandler, LemonkitWebSocket, NotFoundHandler
 
 __all__ = ["API_PREFIXES", "API_ROUTES", "WS_ROUTES", "build"]
@@ -27,6 +27,7 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("images/generations", images.ImageGenerationHandler),
     ("images/edits", images.ImageEditHandler),
     ("images/variations", images.ImageVariationHandler),
+    ("images/upscale", upscale.UpscaleHandler),
     ("models", openai.ModelsHandler),
     ("models/(?P<model_id>[^/]+)/files", options.ModelFilesHandler),
     ("models/(?P<model_id>[^/]+)/options", options.ModelOptionsHandler),
