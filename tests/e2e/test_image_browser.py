@@ -63,9 +63,9 @@ def check_cells(page: Any) -> None:
 def check_generate_pick_upscale(page: Any) -> None:
     panel = page.locator(".lk-image-panel")
     assert panel.get_attribute("data-images") == "1"  # the drawing the panel was given
-    panel.get_by_label("Prompt").fill("a red boat on a lake")
-    panel.get_by_label("Number of images").fill("3")
-    panel.get_by_label("Seed").fill("5")
+    panel.get_by_label("Prompt", exact=True).fill("a red boat on a lake")
+    panel.get_by_label("Number of images", exact=True).fill("3")
+    panel.get_by_label("Seed", exact=True).fill("5")
     panel.get_by_role("button", name="Generate images from the prompt").click()
     page.wait_for_function(
         "() => { const p = document.querySelector('.lk-image-panel').dataset;"
