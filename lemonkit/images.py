@@ -14,7 +14,7 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from lemonkit.errors import InvalidArgument
 from lemonkit.image_codec import open_image
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ImageInput", "Images", "image_bytes", "open_image", "png_bytes"]
 
-#: what the image methods take: a PIL image, an image file's path, or its bytes
-ImageInput = Any  # PIL.Image.Image | str | os.PathLike[str] | bytes | bytearray (Pillow is imported on first use)
+#: what the image methods take: a PIL image, an image file's path, or its bytes (Pillow is imported on first use)
+ImageInput: TypeAlias = "PILImage.Image | str | os.PathLike[str] | bytes | bytearray"
 
 _PNG = b"\x89PNG\r\n\x1a\n"
 _JPEG = b"\xff\xd8\xff"

@@ -14,7 +14,8 @@ import traitlets
 
 from lemonkit.client import Client
 from lemonkit.errors import InvalidRequest
-from lemonkit.images import ImageInput, Images
+from lemonkit.image_codec import open_image
+from lemonkit.images import ImageInput, Images, image_bytes
 from lemonkit.widgets.assets import esm
 from lemonkit.widgets.base import TaskPanel
 from lemonkit.widgets.picker import choices
@@ -93,8 +94,6 @@ class ImagePanel(TaskPanel):
     def show(self, images: Images | list[ImageInput]) -> Images:
         """Put ``images`` in the grid (to pick from), as though the panel had made them."""
         if not isinstance(images, Images):
-            from lemonkit.images import image_bytes, open_image
-
             images = Images([open_image(image_bytes(i)[0]) for i in images])
         self.result = images
         self.history.append(images)
