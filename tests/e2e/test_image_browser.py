@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from jupyter_lab import unavailable
+from test_audio_browser import _env  # the lab's environment: its own caches, no server but its own
 from test_browser import TIMEOUT, running
 from test_image_api import register_tiny_pipeline
 
@@ -24,12 +25,6 @@ pytestmark = [
 ]
 
 IMAGES = Path(__file__).resolve().parents[2] / "notebooks" / "images.ipynb"
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    drop = ("LEMONKIT_URL", "LEMONKIT_TOKEN", "LEMONADE_API_KEY", "HF_HUB_OFFLINE")
-    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("LEMONKIT_DEFAULT_")}
-    return {**env, "HF_HUB_CACHE": str(tmp_path / "hf"), "LEMONADE_CACHE_DIR": str(tmp_path / "cache")}
 
 
 def test_image_notebook_panel_in_jupyterlab(tmp_path: Path) -> None:
