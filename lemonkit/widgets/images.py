@@ -22,6 +22,12 @@ from lemonkit.widgets.picker import choices
 
 __all__ = ["ImagePanel"]
 
+#: what the banner says when a picker has no model
+_MISSING = {
+    "model": "No image model is downloaded: pull one (lemonkit.ModelBrowser), such as SD-Turbo",
+    "upscaler": "No upscaling model is available (the bundled Real-ESRGAN needs lemonkit[upscale])",
+}
+
 
 class ImagePanel(TaskPanel):
     """Generate images from a prompt (with a size, steps, a seed and how many), shown as a grid with each one's seed
@@ -108,7 +114,7 @@ class ImagePanel(TaskPanel):
         the future gives them.
 
         Raises:
-            InvalidRequest: Work is under way, no image model is available, or there is no prompt.
+            InvalidRequest: Work is under way or there is no prompt (the future's: no image model is available).
         """
         prompt = self._prompt(prompt)
         settings = {**self._settings(), "steps": self.steps or None}
@@ -137,12 +143,10 @@ class ImagePanel(TaskPanel):
         """Upscale the picked image (or image ``index``) with the chosen upscaler.
 
         Raises:
-            InvalidRequest: Work is under way, no upscaler is available, or no image is picked.
+            InvalidRequest: Work is under way or no image is picked (the future's: no upscaler is available).
         """
         source = self._source(index)
-        if not self.upscaler:
-            raise InvalidRequest("No upscaling model is available (the bundled Real-ESRGAN needs lemonkit[upscale])")
-        return self._run("Upscaling", lambda: self.client.upscale(source, self.upscaler), needs_model=False)
+        return self._run("Upscaling", lambda: self.client.upscale(source, self.upscaler), needs="upscaler")
 
     def _prompt(self, prompt: str | None) -> str:
         if prompt is not None:
@@ -161,12 +165,17 @@ class ImagePanel(TaskPanel):
     def _settings(self) -> dict[str, Any]:
         return {"n": self.n, "size": self.size.strip() or None, "seed": self.seed}
 
-    def _run(self, activity: str, call: Callable[[], Images], *, needs_model: bool = True) -> Future[Images]:
-        self._start(needs_model=needs_model)
+    def _run(self, activity: str, call: Callable[[], Images], *, needs: str = "model") -> Future[Images]:
+        """Run ``call`` in the background once the pickers were first read (a click right after the panel showed may
+        come before), showing its images; ``needs`` names the picker that must have a model."""
+        self._start(needs_model=False)
         self.activity = activity
 
         def run() -> Images:
             try:
+                self.ready.result()
+                if not getattr(self, needs):
+                    raise InvalidRequest(_MISSING[needs])
                 return self.show(call())
             finally:
                 with self.hold_sync():
