@@ -67,6 +67,20 @@ function render({ model, el }) {
     grid,
   );
 
+  // each field shows its own trait only: redrawing the others would drop what is typed in them but not yet saved
+  const fields = {
+    prompt: [prompt, (v) => v],
+    size: [size, (v) => v],
+    steps: [steps, (v) => (v ? String(v) : "")],
+    seed: [seed, (v) => (v >= 0 ? String(v) : "")],
+    n: [count, (v) => String(v)],
+  };
+  const fieldView = (name) => () => {
+    const [input, text] = fields[name];
+    const value = text(model.get(name));
+    if (input.value !== value) input.value = value;
+  };
+
   const pick = (index) => save("selected", index === model.get("selected") ? -1 : index);
 
   const views = {
@@ -77,13 +91,6 @@ function render({ model, el }) {
         choicePicker(model.get("upscalers"), model.get("upscaler"), (id) => save("upscaler", id), "Upscaler", "upscaler", "no upscaler"),
       ),
     banner: () => rerender(banner, errorBanner(model.get("error"), () => act(model, "dismiss"))),
-    fields: () => {
-      if (prompt.value !== model.get("prompt")) prompt.value = model.get("prompt");
-      if (size.value !== model.get("size")) size.value = model.get("size");
-      steps.value = model.get("steps") ? String(model.get("steps")) : "";
-      seed.value = model.get("seed") >= 0 ? String(model.get("seed")) : "";
-      count.value = String(model.get("n"));
-    },
     grid: () => {
       urls.splice(0).forEach((slot) => slot.url && URL.revokeObjectURL(slot.url));
       const captions = model.get("captions");
@@ -140,11 +147,7 @@ function render({ model, el }) {
     upscalers: views.upscalers,
     upscaler: [views.upscalers, views.status],
     error: views.banner,
-    prompt: views.fields,
-    size: views.fields,
-    steps: views.fields,
-    seed: views.fields,
-    n: views.fields,
+    ...Object.fromEntries(Object.keys(fields).map((name) => [name, fieldView(name)])),
     images: views.grid,
     captions: views.grid,
     selected: views.selection,
@@ -153,7 +156,7 @@ function render({ model, el }) {
   };
   const bound = Object.entries(triggers).flatMap(([name, view]) => [view].flat().map((v) => [name, v]));
   for (const [name, view] of bound) model.on(`change:${name}`, view);
-  Object.values(views).forEach((view) => view());
+  new Set(bound.map(([, view]) => view)).forEach((view) => view());
   return () => {
     bound.forEach(([name, view]) => model.off(`change:${name}`, view));
     urls.forEach((slot) => slot.url && URL.revokeObjectURL(slot.url));
