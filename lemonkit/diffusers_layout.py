@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import PurePosixPath
 
-__all__ = ["diffusers_files"]
+__all__ = ["INDEX", "diffusers_files"]
 
 INDEX = "model_index.json"
 #: component folders never fetched

@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote
 
-from lemonkit.diffusers_layout import diffusers_files
+from lemonkit.diffusers_layout import INDEX, diffusers_files
 
 __all__ = [
     "GGUF_RECIPES",
@@ -421,8 +421,8 @@ class HubCache:
                 found = self._find(snapshot, variant, quant=recipe in GGUF_RECIPES)
             except ValueError:  # a name that leads outside the repo's folder is never "found"
                 return None
-            if found is not None:
-                return found
+            if found is not None and (recipe != "diffusers" or variant or (found / INDEX).is_file()):
+                return found  # a diffusers pipeline is no pipeline without its model_index.json
         return None
 
     @staticmethod

@@ -71,6 +71,13 @@ class _ImageRoute(ModelRouteHandler):
         if "upscaling" in info.labels:
             raise ModelNotApplicable(f"{info.id} is an upscaling model; {self.request.path} needs an image model")
 
+    async def relay(self, model: LoadedModel, body: dict[str, Any], files: list[Upload] | None = None) -> None:
+        """The sidecar's answer as it is: megabytes of base64 PNGs are neither parsed nor re-encoded here."""
+        response = await self.sidecar_request(model, self.sidecar_path, body, files=files)
+        content = await self.sidecar_body(model, response)
+        self.set_header("Content-Type", "application/json")
+        self.finish(content)
+
 
 class ImageGenerationHandler(_ImageRoute, InferenceHandler):
     """``POST /v1/images/generations``: images from a prompt."""
@@ -84,7 +91,7 @@ class ImageGenerationHandler(_ImageRoute, InferenceHandler):
         return body
 
     async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
-        self.write_json(await self.sidecar_json(model, self.sidecar_path, _engine_body(body)))
+        await self.relay(model, _engine_body(body))
 
 
 class ImageVariationHandler(_ImageRoute):
@@ -94,6 +101,8 @@ class ImageVariationHandler(_ImageRoute):
     sidecar_path = "/v1/images/variations"
     #: the route takes a ``mask`` part
     masks = False
+    #: the route takes only multipart/form-data (no JSON form)
+    multipart_only = True
     uploads: list[Upload]
 
     async def post(self) -> None:
@@ -141,7 +150,7 @@ class ImageVariationHandler(_ImageRoute):
 
     async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
         request = {**_engine_body(body), "has_mask": body["has_mask"]}
-        self.write_json(await self.sidecar_json(model, self.sidecar_path, request, files=self.uploads))
+        await self.relay(model, request, self.uploads)
 
 
 class ImageEditHandler(ImageVariationHandler):

@@ -35,7 +35,7 @@ UNSUPPORTED = {
     "LMX-Omni-5.5B-Lite": "its components are listed in the registry repo lemonade-sdk/LMX-Omni-5.5B-Lite",
 }
 #: the recipes of Lemonade's catalog that lemonkit has an engine for
-RUNS = {"llamacpp", "kokoro", "faster-whisper"}
+RUNS = {"llamacpp", "kokoro", "faster-whisper", "diffusers"}
 CHAT = [{"role": "user", "content": "hi"}]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -25,6 +25,10 @@ from lemonkit.testing.tiny_diffusers import TINY_SIZE, write_tiny_pipeline
 pytestmark = pytest.mark.slow  # every test loads the pipeline's sidecar (torch) in each host
 
 TINY_SD = "user.tiny-sd"
+#: the same pipeline with a small soft_pixel_cap (an edit's default size) and no image_defaults
+CAPPED_SD = "user.tiny-sd-capped"
+#: the same pipeline labelled an upscaler: the generation routes must refuse it
+UPSCALER = "user.tiny-sd-upscaling"
 TINY_SD_REPO = "lemonkit-test/tiny-sd"
 DEFAULTS = {"steps": 2, "cfg_scale": 1.0, "width": TINY_SIZE, "height": TINY_SIZE}
 
@@ -38,9 +42,10 @@ def tiny_sd() -> Iterator[str]:
         (snapshot.parents[1] / "refs").mkdir(exist_ok=True)
         (snapshot.parents[1] / "refs" / "main").write_text("b" * 40)
     registry = Registry(CACHE_DIR, hf_cache=HF_CACHE)
-    registry.register(
-        TINY_SD, {"checkpoint": TINY_SD_REPO, "recipe": "diffusers", "labels": ["image"], "image_defaults": DEFAULTS}
-    )
+    row = {"checkpoint": TINY_SD_REPO, "recipe": "diffusers", "labels": ["image"]}
+    registry.register(TINY_SD, {**row, "image_defaults": DEFAULTS})
+    registry.register(CAPPED_SD, {**row, "recipe_options": {"soft_pixel_cap": 48 * 32, "steps": 1}})
+    registry.register(UPSCALER, {**row, "labels": ["image", "upscaling"]})
     yield TINY_SD
 
 
@@ -121,6 +126,7 @@ async def test_generation_errors(host: Host) -> None:
             ({"model": None}, 400, "missing_argument"),
             ({"seed": "seven"}, 400, "invalid_argument"),
             ({"model": TINY}, 400, "model_not_applicable"),
+            ({"model": UPSCALER}, 400, "model_not_applicable"),
             ({"model": "user.no-such-model"}, 404, "model_not_found"),
             ({"size": "65x64"}, 400, "invalid_argument"),
             ({"size": "64"}, 400, "invalid_argument"),
@@ -134,7 +140,7 @@ async def test_generation_errors(host: Host) -> None:
                 assert "b64_json" in error["message"]
         assert_error(await client.post("images/generations", content=b"{not json"), 400, "invalid_json")
         health = (await client.get("health")).json()
-        assert TINY not in {m["model_name"] for m in health["all_models_loaded"]}  # refused before loading
+        assert not {TINY, UPSCALER} & {m["model_name"] for m in health["all_models_loaded"]}  # refused unloaded
 
 
 async def test_edits_with_and_without_a_mask(host: Host) -> None:
@@ -190,8 +196,9 @@ async def test_edit_and_variation_errors(host: Host) -> None:
             assert_error(chat, 400, "model_not_applicable")
         no_prompt = await client.post("images/edits", data={"model": TINY_SD}, files={"image": image})
         assert_error(no_prompt, 400, "missing_argument")
-        two = await client.post("images/edits", data={"model": TINY_SD, "prompt": "x"}, files=[("image[]", image)] * 2)
-        assert "one image" in assert_error(two, 400, "invalid_argument")["message"]
+        for route in ("images/edits", "images/variations"):
+            two = await client.post(route, data={"model": TINY_SD, "prompt": "x"}, files=[("image[]", image)] * 2)
+            assert "one image" in assert_error(two, 400, "invalid_argument")["message"]
         broken = await client.post(
             "images/edits", data={"model": TINY_SD, "prompt": "x"}, files={"image": ("b.png", b"\x89PNG\r\n\x1a\nxx")}
         )
@@ -225,3 +232,32 @@ async def test_openai_sdk(host: Host, tmp_path: Path) -> None:
     assert pixels(varied.data[0].b64_json or "").shape == (TINY_SIZE, TINY_SIZE, 3)
     with pytest.raises(openai.BadRequestError):
         await client.images.generate(model=TINY_SD, prompt="x", response_format="url")
+
+
+async def test_soft_pixel_cap_and_load_options(host: Host) -> None:
+    """An edit without ``size`` scales its image under the model's ``soft_pixel_cap`` (an explicit size skips
+    it); ``steps`` comes from the row's options, then from a load's; the size default is 512x512 without
+    image_defaults."""
+    async with host.client() as client:
+        edit = await client.post(
+            "images/edits",
+            data={"model": CAPPED_SD, "prompt": "x"},
+            files={"image": ("in.png", png(192, 128), "image/png")},
+        )
+        assert edit.status_code == 200, edit.text
+        check_answer(edit.json(), 1, 48, 32)  # 192x128 scaled under 48*32 pixels, sides multiples of 8
+        assert edit.json()["data"][0]["generation_info"]["steps"] == 1  # the row's recipe_options
+        explicit = await client.post(
+            "images/edits",
+            data={"model": CAPPED_SD, "prompt": "x", "size": "128x64"},
+            files={"image": ("in.png", png(192, 128), "image/png")},
+        )
+        check_answer(explicit.json(), 1, 128, 64)
+        default = (await client.post("images/generations", json={"model": CAPPED_SD, "prompt": "x", "seed": 1})).json()
+        check_answer(default, 1, 512, 512)  # Lemonade's default size: the row has no image_defaults
+        loaded = await client.post("load", json={"model_name": CAPPED_SD, "steps": 2, "width": 64, "height": 32})
+        assert loaded.status_code == 200, loaded.text
+        made = (await client.post("images/generations", json={"model": CAPPED_SD, "prompt": "x"})).json()
+        check_answer(made, 1, 64, 32)
+        assert made["data"][0]["generation_info"]["steps"] == 2
+        await client.post("unload", json={"model_name": CAPPED_SD})

@@ -208,6 +208,8 @@ class DiffusersEngine:
         files: list[Upload] = body.get("files") or []
         if not files:
             raise MissingArgument("image: required argument is missing (the PNG or JPEG to vary)")
+        if len(files) > 1:
+            raise InvalidArgument(f"image: this model varies one image at a time, got {len(files)}")
         source = decode_image(files[0], field="image")
         settings = Settings.parse(body, self._options, multiple=self._multiple)
         source = source.resize((settings.width, settings.height))

@@ -108,10 +108,13 @@ class Settings:
         else:
             width = int(options.get("width") or DEFAULT_SIZE[0])
             height = int(options.get("height") or DEFAULT_SIZE[1])
-        n = _number(body, "n", integer=True) or 1
+        n = _number(body, "n", integer=True)
+        n = 1 if n is None else n
         if not 1 <= n <= MAX_IMAGES:
             raise InvalidArgument(f"n: expected 1 to {MAX_IMAGES} images, got {n}")
-        steps = _number(body, "steps", integer=True) or options.get("steps") or DEFAULT_STEPS
+        steps = _number(body, "steps", integer=True)
+        if steps is None:
+            steps = options.get("steps") or DEFAULT_STEPS
         if not 1 <= steps <= 1000:
             raise InvalidArgument(f"steps: expected 1 to 1000, got {steps}")
         cfg_scale = _number(body, "cfg_scale", integer=False)
