@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lemonkit.backends.base import Cancelled, LoadSpec, physical_cores
+from lemonkit.backends.images.pictures import decode_image, encode_png
 from lemonkit.errors import BackendError, InvalidArgument, ModelLoadError
-from lemonkit.image_codec import open_image, png_base64
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -122,8 +122,8 @@ class NcnnUpscaleEngine:
             ``{"created", "data": [{"b64_json"}], "output_format": "png"}``.
 
         Raises:
-            InvalidArgument: Another factor, not one image, or an image whose output would be too large.
-            UndecodableImage: The upload is not an image.
+            InvalidArgument: Another factor, not one image, not a PNG or JPEG, or an image whose output would be
+                too large.
         """
         files = body.get("files") or []
         if len(files) != 1:
@@ -132,9 +132,9 @@ class NcnnUpscaleEngine:
         if factor is not None and factor != self.scale:
             raise InvalidArgument(f"upscale_factor: {self.name} upscales by {self.scale} only, got {factor}")
         start = time.perf_counter()
-        image = open_image(files[0].content, what="image", max_pixels=MAX_OUTPUT_PIXELS // self.scale**2)
+        image = decode_image(files[0], field="image", mode=None, max_pixels=MAX_OUTPUT_PIXELS // self.scale**2)
         upscaled = self.upscale_image(image, cancelled=cancelled)
-        answer = {"created": int(time.time()), "data": [{"b64_json": png_base64(upscaled)}], "output_format": "png"}
+        answer = {"created": int(time.time()), "data": [{"b64_json": encode_png(upscaled)}], "output_format": "png"}
         self._stats = {
             "wall_ms": round((time.perf_counter() - start) * 1000, 1),
             "input_size": list(image.size),

@@ -129,7 +129,7 @@ async def test_request_errors(host: Host) -> None:
         assert "base64" in assert_error(await upscale(client, "not base64!"), 400, "invalid_argument")
         assert_error(await upscale(client, ""), 400, "invalid_argument")
         text = base64.b64encode(b"these bytes are not an image").decode()
-        assert_error(await upscale(client, text), 400, "invalid_image")
+        assert "PNG or JPEG" in assert_error(await upscale(client, text), 400, "invalid_argument")
         assert_error(await upscale(client, image, model="No-Such-Model"), 404, "model_not_found")
         assert_error(await upscale(client, image, model="SD-Turbo"), 400, "model_not_applicable")  # no label
         assert "upscaling" in assert_error(await upscale(client, image, model=TINY), 400, "model_not_applicable")

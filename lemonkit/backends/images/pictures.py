@@ -33,13 +33,15 @@ def image_kind(data: bytes) -> str | None:
     return None
 
 
-def decode_image(upload: Upload, *, field: str, mode: str = "RGB") -> Image.Image:
+def decode_image(upload: Upload, *, field: str, mode: str | None = "RGB", max_pixels: int = MAX_PIXELS) -> Image.Image:
     """One uploaded PNG or JPEG as a Pillow image in ``mode``.
 
     Args:
         upload: The file.
         field: The request field it came in, for messages.
-        mode: ``RGB`` for pictures, ``L`` for a mask (its brightness: white is edited, black kept).
+        mode: ``RGB`` for pictures, ``L`` for a mask (its brightness: white is edited, black kept); ``None`` keeps
+            the file's own (an upscaler keeps alpha and grey).
+        max_pixels: The largest image taken, checked before its pixels are decoded.
 
     Raises:
         InvalidArgument: It is not a PNG or JPEG Pillow can decode, or it is too large.
@@ -50,10 +52,12 @@ def decode_image(upload: Upload, *, field: str, mode: str = "RGB") -> Image.Imag
         raise InvalidArgument(f"{field}: {upload.filename!r} is not a PNG or JPEG image")
     try:
         with Image.open(io.BytesIO(upload.content), formats=IMAGE_FORMATS) as picture:
-            if picture.width * picture.height > MAX_PIXELS:
-                raise InvalidArgument(f"{field}: {picture.width}x{picture.height} is larger than {MAX_PIXELS} pixels")
+            if picture.width * picture.height > max_pixels:
+                raise InvalidArgument(f"{field}: {picture.width}x{picture.height} is larger than {max_pixels} pixels")
             picture.load()
-            return picture.convert(mode)
+            return picture.convert(mode) if mode else picture.copy()
+    except InvalidArgument:  # a ValueError too: not to be reported as an unreadable file
+        raise
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise InvalidArgument(f"{field}: {upload.filename!r} is not a readable PNG or JPEG image ({exc})") from None
 
