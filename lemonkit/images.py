@@ -52,7 +52,9 @@ def image_bytes(source: ImageInput) -> tuple[bytes, str]:
         if data.startswith(_JPEG):
             return data, "image/jpeg"
         source = open_image(data)
-    if not hasattr(source, "save") or not hasattr(source, "mode"):
+    from PIL import Image
+
+    if not isinstance(source, Image.Image):
         raise InvalidArgument(f"An image must be a PIL image, a path or bytes, not {type(source).__name__}")
     return _encode_png(source), "image/png"
 
