@@ -2,8 +2,9 @@
 :func:`lemonkit.edit_image`, :func:`lemonkit.vary_image` and :func:`lemonkit.upscale` return, and reading what they
 take (:func:`image_bytes`, :func:`png_bytes`).
 
-Pillow does the decoding (:func:`lemonkit.image_codec.open_image`, the engines' own) and the encoding; nothing here
-needs IPython: the grid a notebook shows is plain HTML.
+Pillow does the decoding and encoding, in the caller's process (the engines decode uploads in their sidecars with
+``lemonkit.backends.images.pictures``, which takes PNG and JPEG only; here a user's GIF or WebP is read too, and
+sent as PNG). Nothing here needs IPython: the grid a notebook shows is plain HTML.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from lemonkit.errors import InvalidArgument
-from lemonkit.image_codec import open_image
 
 if TYPE_CHECKING:
     from PIL import Image as PILImage
@@ -31,6 +31,22 @@ _PNG = b"\x89PNG\r\n\x1a\n"
 _JPEG = b"\xff\xd8\xff"
 #: the settings a caption names, in this order, and how
 _CAPTION = (("seed", "seed {}"), ("steps", "{} steps"), ("cfg_scale", "cfg {}"), ("upscale_factor", "{}x"))
+
+
+def open_image(data: bytes) -> PILImage.Image:
+    """Decode an image file's bytes, pixels loaded (the image does not keep ``data``).
+
+    Raises:
+        InvalidArgument: Pillow cannot read them.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:  # closed after: the pixels are loaded, the bytes let go
+            image.load()
+            return image
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise InvalidArgument(f"Not an image Pillow can read: {exc}") from None
 
 
 def image_bytes(source: ImageInput) -> tuple[bytes, str]:

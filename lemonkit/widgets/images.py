@@ -14,8 +14,7 @@ import traitlets
 
 from lemonkit.client import Client
 from lemonkit.errors import InvalidRequest
-from lemonkit.image_codec import open_image
-from lemonkit.images import ImageInput, Images, image_bytes
+from lemonkit.images import ImageInput, Images, image_bytes, open_image
 from lemonkit.widgets.assets import esm
 from lemonkit.widgets.base import TaskPanel
 from lemonkit.widgets.picker import choices
