@@ -7,6 +7,7 @@ In a notebook or a script::
     lemonkit.models()                                    # a model browser in a notebook
     lemonkit.transcribe("talk.wav").plot()               # every word timed, over the waveform
     lemonkit.speak("Hello there.")                       # plays inline
+    lemonkit.upscale(picture)                            # a PIL image, 4x, as a grid with its settings
 
 Every function uses one shared :class:`Client` (:func:`default_client`), which finds its server (the Jupyter
 server of this kernel, ``LEMONKIT_URL``, a running ``lemonkit serve``) or starts an embedded one.
@@ -22,7 +23,9 @@ from lemonkit.api import (
     chat,
     complete,
     default_client,
+    edit_image,
     embed,
+    generate_image,
     health,
     load,
     models,
@@ -35,6 +38,8 @@ from lemonkit.api import (
     structured,
     transcribe,
     unload,
+    upscale,
+    vary_image,
     voices,
 )
 from lemonkit.client import AsyncClient, Client, ServerUnavailable
@@ -50,6 +55,7 @@ from lemonkit.errors import (
     NotFound,
     Unauthorized,
 )
+from lemonkit.images import Images
 from lemonkit.inference import Embeddings, StructuredOutputError
 from lemonkit.mapping import MapError, MapResult
 from lemonkit.mapping import map_items as map
@@ -69,6 +75,7 @@ __all__ = [
     "DownloadError",
     "DownloadStopped",
     "Embeddings",
+    "Images",
     "InvalidArgument",
     "InvalidRequest",
     "LemonkitError",
@@ -94,7 +101,9 @@ __all__ = [
     "chat",
     "complete",
     "default_client",
+    "edit_image",
     "embed",
+    "generate_image",
     "health",
     "load",
     "map",
@@ -109,12 +118,14 @@ __all__ = [
     "structured",
     "transcribe",
     "unload",
+    "upscale",
+    "vary_image",
     "voices",
 ]
 
 
 # -- widgets: imported on first use (anywidget and ipywidgets cost an import a server or script never needs) ----
-_WIDGETS = {"ChatPanel", "DownloadBar", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"}
+_WIDGETS = {"ChatPanel", "DownloadBar", "ImagePanel", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"}
 
 
 def __getattr__(name: str) -> Any:

@@ -10,6 +10,8 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 from lemonkit.audio_methods import AudioInput
 from lemonkit.client import Client, Event
 from lemonkit.errors import DownloadError, error_from_body
+from lemonkit.image_methods import Size
+from lemonkit.images import ImageInput, Images
 from lemonkit.inference import Embeddings, Messages
 from lemonkit.results import ChatResult, ModelList, Ranking
 from lemonkit.speech import Speech
@@ -24,7 +26,9 @@ __all__ = [
     "chat",
     "complete",
     "default_client",
+    "edit_image",
     "embed",
+    "generate_image",
     "health",
     "load",
     "models",
@@ -37,6 +41,8 @@ __all__ = [
     "structured",
     "transcribe",
     "unload",
+    "upscale",
+    "vary_image",
     "voices",
 ]
 
@@ -259,6 +265,50 @@ def speak(text: str, model: str | None = None, *, voice: str | None = None, spee
 @_doc_of(Client.voices)
 def voices(model: str | None = None) -> list[str]:
     return default_client().voices(model)
+
+
+@_doc_of(Client.generate_image)
+def generate_image(
+    prompt: str,
+    model: str | None = None,
+    *,
+    n: int = 1,
+    size: Size | None = None,
+    steps: int | None = None,
+    cfg_scale: float | None = None,
+    seed: int | None = None,
+) -> Images:
+    return default_client().generate_image(prompt, model, n=n, size=size, steps=steps, cfg_scale=cfg_scale, seed=seed)
+
+
+@_doc_of(Client.edit_image)
+def edit_image(
+    image: ImageInput | list[ImageInput],
+    prompt: str,
+    mask: ImageInput | None = None,
+    model: str | None = None,
+    *,
+    n: int = 1,
+    size: Size | None = None,
+    steps: int | None = None,
+    cfg_scale: float | None = None,
+    seed: int | None = None,
+) -> Images:
+    return default_client().edit_image(
+        image, prompt, mask, model, n=n, size=size, steps=steps, cfg_scale=cfg_scale, seed=seed
+    )
+
+
+@_doc_of(Client.vary_image)
+def vary_image(
+    image: ImageInput, model: str | None = None, *, n: int = 1, size: Size | None = None, seed: int | None = None
+) -> Images:
+    return default_client().vary_image(image, model, n=n, size=size, seed=seed)
+
+
+@_doc_of(Client.upscale)
+def upscale(image: ImageInput, model: str | None = None, *, factor: int | None = None) -> Images:
+    return default_client().upscale(image, model, factor=factor)
 
 
 # -- other OpenAI clients ------------------------------------------------------------------------------------------

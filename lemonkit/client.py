@@ -41,6 +41,7 @@ from lemonkit import records
 from lemonkit.audio_methods import AsyncAudioMethods, SyncAudioMethods
 from lemonkit.config import DEFAULT_PORT
 from lemonkit.errors import InvalidArgument, LemonkitError, error_from_body
+from lemonkit.image_methods import AsyncImageMethods, SyncImageMethods
 from lemonkit.methods import AsyncMethods, SyncMethods
 
 __all__ = ["AsyncClient", "Client", "Event", "Server", "ServerUnavailable", "locate"]
@@ -365,12 +366,13 @@ class _Base:
         return self._server
 
 
-class Client(_Base, SyncMethods, SyncAudioMethods):
+class Client(_Base, SyncMethods, SyncAudioMethods, SyncImageMethods):
     """A synchronous client of one lemonkit server.
 
     Besides the management calls here, it has the Python API's methods (``chat``, ``complete``, ``structured``,
     ``embed``, ``rerank``, ``models``, ``stats``: see :class:`lemonkit.methods.SyncMethods`; ``transcribe``,
-    ``align``, ``speak``, ``voices``: see :class:`lemonkit.audio_methods.SyncAudioMethods`), which the module
+    ``align``, ``speak``, ``voices``: see :class:`lemonkit.audio_methods.SyncAudioMethods`; ``generate_image``,
+    ``edit_image``, ``vary_image``, ``upscale``: see :class:`lemonkit.image_methods.SyncImageMethods`), which the module
     functions (``lemonkit.chat``, ...) call on :func:`lemonkit.default_client`.
 
     Args:
@@ -513,7 +515,7 @@ class Client(_Base, SyncMethods, SyncAudioMethods):
         self.close()
 
 
-class AsyncClient(_Base, AsyncMethods, AsyncAudioMethods):
+class AsyncClient(_Base, AsyncMethods, AsyncAudioMethods, AsyncImageMethods):
     """The asynchronous twin of :class:`Client` (same arguments, same methods, awaitable)."""
 
     def __init__(self, url: str | None = None, *, token: str | None = None, start: bool = True) -> None:

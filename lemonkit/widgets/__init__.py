@@ -1,5 +1,5 @@
 """Notebook widgets (anywidget): the model browser, a download bar, a chat panel, the transcription and speech
-panels, and the pieces they share (:mod:`~lemonkit.widgets.base`, :mod:`~lemonkit.widgets.progress`,
+panels, the image panel, and the pieces they share (:mod:`~lemonkit.widgets.base`, :mod:`~lemonkit.widgets.progress`,
 :mod:`~lemonkit.widgets.picker` and ``static/shared.js``); matplotlib figures in :mod:`~lemonkit.widgets.plots`.
 
 Every server call goes through :class:`lemonkit.Client` in the kernel: the page never holds a token. The panels are
@@ -15,13 +15,15 @@ if TYPE_CHECKING:
     from lemonkit.widgets.audio import SpeechPanel, TranscriptionPanel
     from lemonkit.widgets.chat import ChatPanel
     from lemonkit.widgets.download import DownloadBar
+    from lemonkit.widgets.images import ImagePanel
     from lemonkit.widgets.models import ModelBrowser
 
-__all__ = ["ChatPanel", "DownloadBar", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"]
+__all__ = ["ChatPanel", "DownloadBar", "ImagePanel", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"]
 
 _MODULES = {
     "ChatPanel": "chat",
     "DownloadBar": "download",
+    "ImagePanel": "images",
     "ModelBrowser": "models",
     "SpeechPanel": "audio",
     "TranscriptionPanel": "audio",

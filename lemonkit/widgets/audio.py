@@ -18,8 +18,7 @@ from lemonkit.errors import InvalidArgument, InvalidRequest
 from lemonkit.speech import Speech
 from lemonkit.transcripts import Transcript
 from lemonkit.widgets.assets import esm
-from lemonkit.widgets.base import Panel
-from lemonkit.widgets.picker import choices
+from lemonkit.widgets.base import TaskPanel
 
 __all__ = ["SpeechPanel", "TranscriptionPanel"]
 
@@ -37,41 +36,12 @@ def words_of(transcript: Transcript) -> dict[str, Any]:
     }
 
 
-class _AudioPanel(Panel):
-    """A panel with a model picker of one task and a busy flag."""
+class _AudioPanel(TaskPanel):
+    """A panel with a model picker of one task, a busy flag and an audio player."""
 
-    task: ClassVar[str]
-    models = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    model = traitlets.Unicode("").tag(sync=True)
-    #: a transcription or a synthesis is under way
-    busy = traitlets.Bool(False).tag(sync=True)
     #: the audio the player plays, and its media type
     audio = traitlets.Bytes(b"").tag(sync=True)
     audio_type = traitlets.Unicode("").tag(sync=True)
-
-    def __init__(self, *, client: Client | None = None, model: str | None = None, **traits: Any) -> None:
-        super().__init__(client=client, model=model or "", **traits)
-        self.ready = self.refresh_models()
-
-    def refresh_models(self) -> Future[None]:
-        """Read the models the picker offers again."""
-
-        def run() -> None:
-            models, preferred = choices(self.client, self.task)
-            self.models = models
-            if not self.model and preferred:
-                self.model = preferred
-
-        return self.background(run)
-
-    def _start(self) -> None:
-        with self._lock:
-            if self.busy:
-                raise InvalidRequest("Still working on the last request")
-            if not self.model:
-                raise InvalidRequest(f"No {self.task} model is downloaded: pull one (lemonkit.ModelBrowser)")
-            self.dismiss()
-            self.busy = True
 
 
 class TranscriptionPanel(_AudioPanel):

@@ -16,10 +16,11 @@ import anywidget
 import traitlets
 
 from lemonkit.client import Client
-from lemonkit.errors import LemonkitError
+from lemonkit.errors import InvalidRequest, LemonkitError
 from lemonkit.widgets.assets import css
+from lemonkit.widgets.picker import choices
 
-__all__ = ["Panel", "error_of", "spawn"]
+__all__ = ["Panel", "TaskPanel", "error_of", "spawn"]
 
 T = TypeVar("T")
 
@@ -120,3 +121,44 @@ class Panel(anywidget.AnyWidget):
             else:
                 current[key] = value
             setattr(self, trait, current)
+
+
+class TaskPanel(Panel):
+    """A panel with a model picker of one task (``task``: a deployment label such as ``tts``) and a busy flag.
+
+    Args:
+        client: The client doing the work (default: :func:`lemonkit.default_client`).
+        model: The model picked first (default: a loaded one, else the first downloaded one).
+
+    Attributes:
+        ready: The future of the first read of the models.
+    """
+
+    task: ClassVar[str]
+    models = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    model = traitlets.Unicode("").tag(sync=True)
+    #: a request is under way
+    busy = traitlets.Bool(False).tag(sync=True)
+
+    def __init__(self, *, client: Client | None = None, model: str | None = None, **traits: Any) -> None:
+        super().__init__(client=client, model=model or "", **traits)
+        self.ready = self.refresh_models()
+
+    def refresh_models(self) -> Future[None]:
+        """Read the models the picker offers again."""
+        return self.background(self.read_models)
+
+    def read_models(self) -> None:
+        models, preferred = choices(self.client, self.task)
+        self.models = models
+        if not self.model and preferred:
+            self.model = preferred
+
+    def _start(self, *, needs_model: bool = True) -> None:
+        with self._lock:
+            if self.busy:
+                raise InvalidRequest("Still working on the last request")
+            if needs_model and not self.model:
+                raise InvalidRequest(f"No {self.task} model is downloaded: pull one (lemonkit.ModelBrowser)")
+            self.dismiss()
+            self.busy = True

@@ -1,4 +1,5 @@
-"""Which models a panel's model picker offers: those serving its task (chat, transcription, tts, image, ...)."""
+"""Which models a panel's model picker offers: those serving its task (chat, transcription, tts, image, upscaling,
+...)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ __all__ = ["choices", "serves"]
 
 
 def serves(model: dict[str, Any], task: str) -> bool:
-    """Whether a ``/v1/models`` entry serves ``task`` (a deployment label): its labels say, else its recipe."""
+    """Whether a ``/v1/models`` entry serves ``task`` (a deployment label, or ``upscaling``): its labels say, else its
+    recipe."""
+    if "upscaling" in (model.get("labels") or ()):  # labelled ``image`` too, but it draws nothing from a prompt
+        return task == "upscaling"
     labels = set(model.get("labels") or ()) & DEPLOYMENT_LABELS.keys()
     default = RECIPES.get(model.get("recipe", ""), ("chat", frozenset()))[0]
     return task in (labels or {default})

@@ -2,8 +2,10 @@
 hub is an unreachable loopback port and the caches are empty. ``quickstart.ipynb`` runs in a kernel started by a
 Jupyter server with the extension and in a plain kernel (the embedded server); ``clients.ipynb`` in a Jupyter
 server's kernel, finding that server's URL and token itself; ``audio.ipynb`` (speech, transcripts, their plot,
-alignment, the audio panels) in a Jupyter server's kernel. A check cell appended to each copy reports the
-kernel's state as JSON, so the tests assert on values, not only on the absence of errors."""
+alignment, the audio panels) and ``images.ipynb`` (the bundled Real-ESRGAN's upscale as a grid, saved; generation
+skipped with a note for want of an image model; the image panel) in a Jupyter server's kernel. A check cell
+appended to each copy reports the kernel's state as JSON, so the tests assert on values, not only on the absence
+of errors."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from lemonkit.config import (
     DEFAULT_EMBEDDING_MODEL,
     DEFAULT_SPEECH_MODEL,
     DEFAULT_TRANSCRIPTION_MODEL,
+    DEFAULT_UPSCALE_MODEL,
 )
 
 pytestmark = pytest.mark.slow
@@ -67,6 +70,20 @@ print(json.dumps({
     "duration": speech.duration,
     "aligned": [w.word for w in aligned.words],
     "rows": len(words),
+}))
+"""
+
+
+IMAGES_CHECK = """
+import json
+print(json.dumps({
+    "kind": lemonkit.default_client().server.kind,
+    "sizes": [list(picture.size), list(big[0].size)],
+    "model": big.provenance["model"],
+    "route": big.provenance["route"],
+    "saved": [str(p) for p in paths],
+    "generator": generator,
+    "spread": float(__import__("numpy").asarray(big[0], dtype="float32").std()),
 }))
 """
 
@@ -241,4 +258,30 @@ def test_audio_in_a_jupyter_kernel(offline_jupyter: tuple[JupyterServer, Path]) 
     for fragment in ("lemonkit.SpeechPanel(", "lemonkit.TranscriptionPanel()"):
         (panel,) = [o for o in _outputs(notebook, fragment) if o["output_type"] == "execute_result"]
         assert WIDGET in panel["data"]
+    _no_hub_downloads(directory)
+
+
+def test_images_in_a_jupyter_kernel(offline_jupyter: tuple[JupyterServer, Path]) -> None:
+    from PIL import Image
+
+    server, directory = offline_jupyter
+    notebook = _with_check("images.ipynb", IMAGES_CHECK)
+    _run_in(server, notebook)
+    found = _checked(notebook)
+    assert found["kind"] == "jupyter" and found["generator"] is None  # empty caches: no image model to draw with
+    assert found["sizes"] == [[96, 64], [384, 256]]  # Real-ESRGAN x4plus, bundled: 4x, offline
+    assert found["model"] == DEFAULT_UPSCALE_MODEL and found["route"] == "images/upscale"
+    assert found["spread"] > 20  # the picture, not a blank
+    (grid,) = _outputs(notebook, "big = lemonkit.upscale(picture)")
+    assert grid["data"]["text/html"].count('class="lk-image"') == 1
+    assert grid["data"]["text/plain"].startswith("Images(1: 384x256")
+    (saved,) = found["saved"]
+    with Image.open(saved) as png:
+        assert png.size == (384, 256) and json.loads(png.text["lemonkit"])["model"] == DEFAULT_UPSCALE_MODEL
+    note = _printed(_outputs(notebook, "generator = image_models[0]"))
+    assert note.startswith("No image generation model is downloaded") and 'lemonkit.pull("SD-Turbo")' in note
+    for fragment in ("images = lemonkit.generate_image(", "source = images[0]"):
+        assert _outputs(notebook, fragment) == []  # skipped, silently: the note said so
+    (panel,) = [o for o in _outputs(notebook, "lemonkit.ImagePanel(") if o["output_type"] == "execute_result"]
+    assert WIDGET in panel["data"]
     _no_hub_downloads(directory)
