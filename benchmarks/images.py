@@ -8,9 +8,11 @@ Sections (each a function taking the :class:`Bench`; add one to :data:`SECTIONS`
   subprocess, against lemonkit's diffusers engine called in this process with the same settings, runs interleaved;
   the ratio direct / API is the API's speed relative to the engine's (target >= 0.95). The tiny pipeline makes an
   image in a fraction of a second, so the figure is dominated by what the API adds (JSON, the sidecar hop, base64
-  PNGs); a real model's seconds per image would hide it.
+  PNGs); a real model's seconds per image would hide it;
+- ``upscale``: the bundled Real-ESRGAN networks through ``POST /api/v1/images/upscale`` against the ncnn engine in
+  this process (``benchmarks/upscale_bench.py``).
 
-    python benchmarks/images.py [--rounds 5] [--size 64x64] [--sections generation]
+    python benchmarks/images.py [--rounds 5] [--size 64x64] [--sections generation,upscale]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import httpx
 from embeddings import _serve  # one embedded `lemonkit serve` per benchmark, started alike
+from upscale_bench import upscale_section
 
 TINY_SD = "user.tiny-sd"
 PROMPT = "a lighthouse on a cliff at dusk"
@@ -95,7 +98,7 @@ def generation(bench: Bench) -> None:
     bench.api.post("unload", json={"model_name": TINY_SD})
 
 
-SECTIONS: dict[str, Callable[[Bench], None]] = {"generation": generation}
+SECTIONS: dict[str, Callable[[Bench], None]] = {"generation": generation, "upscale": upscale_section}
 
 
 def main() -> None:
