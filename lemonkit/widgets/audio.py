@@ -166,6 +166,7 @@ class SpeechPanel(_AudioPanel):
     voice = traitlets.Unicode("").tag(sync=True)
     speed = traitlets.Float(1.0).tag(sync=True)
     actions: ClassVar[frozenset[str]] = frozenset({"speak", "refresh_models", "dismiss"})
+    page_fields: ClassVar[frozenset[str]] = frozenset({"speed"})
 
     def __init__(self, *, client: Client | None = None, model: str | None = None, text: str = "") -> None:
         super().__init__(client=client, model=model, text=text)

@@ -62,6 +62,8 @@ class Panel(anywidget.AnyWidget):
     actions: ClassVar[frozenset[str]] = frozenset({"dismiss"})
     #: those of them that take the message's binary buffers (as a list of ``bytes``) after their arguments
     binary_actions: ClassVar[frozenset[str]] = frozenset()
+    #: synced traits the page may send along with an action (``actWith`` in shared.js), applied before it runs
+    page_fields: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, *, client: Client | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -86,9 +88,20 @@ class Panel(anywidget.AnyWidget):
         if action in self.binary_actions:
             args = [*args, [bytes(b) for b in buffers or ()]]
         try:
+            self._apply_page_fields(content.get("state"))
             getattr(self, action)(*args)
         except Exception as exc:  # a bad argument from the page: say so, never kill the comm
             self.show_error(exc)
+
+    def _apply_page_fields(self, state: Any) -> None:
+        # ipywidgets holds a model's updates back while an earlier one is unanswered, but not custom messages: the
+        # page's latest field values travel with the action, so it never runs on stale ones
+        if not isinstance(state, dict):
+            return
+        with self.hold_sync():
+            for name, value in state.items():
+                if name in self.page_fields:
+                    setattr(self, name, value)
 
     def background(
         self, fn: Callable[..., T], *args: Any, on_error: Callable[[BaseException], None] | None = None

@@ -73,6 +73,7 @@ class ImagePanel(TaskPanel):
     #: what is under way ("Generating", "Upscaling", ...), "" when idle
     activity = traitlets.Unicode("").tag(sync=True)
     actions: ClassVar[frozenset[str]] = frozenset({"generate", "edit", "vary", "upscale", "refresh_models", "dismiss"})
+    page_fields: ClassVar[frozenset[str]] = frozenset({"prompt", "size", "steps", "seed", "n"})
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-import { act, button, bytesUrl, choicePicker, errorBanner, h, modelPicker, rerender } from "./shared.js";
+import { act, actWith, button, bytesUrl, choicePicker, errorBanner, h, modelPicker, rerender } from "./shared.js";
 
 const SIZES = ["64x64", "128x128", "256x256", "512x512", "768x768", "1024x1024"];
 
@@ -32,21 +32,22 @@ function render({ model, el }) {
   seed.addEventListener("change", () => save("seed", integer(seed, -1)));
   count.addEventListener("change", () => save("n", Math.min(10, Math.max(1, integer(count, 1)))));
 
-  // the page's edits are saved before the kernel acts on them (a click may come before the field's change event)
-  const flush = () => {
-    for (const input of [prompt, size, steps, seed, count]) input.dispatchEvent(new Event("change"));
-  };
+  // what the fields show now, sent with the action (a click may come before a field's change is saved)
+  const current = () => ({
+    prompt: prompt.value,
+    size: size.value.trim(),
+    steps: Math.max(0, integer(steps, 0)),
+    seed: integer(seed, -1),
+    n: Math.min(10, Math.max(1, integer(count, 1))),
+  });
   const generate = button("Generate", "Generate images from the prompt", () => {
-    flush();
-    if (prompt.value.trim()) act(model, "generate", prompt.value);
+    if (prompt.value.trim()) actWith(model, current(), "generate", prompt.value);
   });
   const edit = button("Edit", "Edit the picked image with the prompt", () => {
-    flush();
-    if (prompt.value.trim()) act(model, "edit", prompt.value, model.get("selected"));
+    if (prompt.value.trim()) actWith(model, current(), "edit", prompt.value, model.get("selected"));
   });
   const vary = button("Vary", "Make variations of the picked image", () => {
-    flush();
-    act(model, "vary", model.get("selected"));
+    actWith(model, current(), "vary", model.get("selected"));
   });
   const upscale = button("Upscale", "Upscale the picked image", () => act(model, "upscale", model.get("selected")));
 

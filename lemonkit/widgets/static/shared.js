@@ -19,6 +19,12 @@ export function act(model, action, ...args) {
   model.send({ action, args });
 }
 
+// ipywidgets holds a model update back while an earlier one is unanswered, but sends custom messages at once: an
+// action that depends on fields the page just edited carries their values (the panel's ``page_fields``)
+export function actWith(model, state, action, ...args) {
+  model.send({ action, args, state });
+}
+
 export function formatBytes(n) {
   if (!n) return "0 B";
   const units = ["B", "KB", "MB", "GB", "TB"];

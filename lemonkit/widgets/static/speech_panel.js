@@ -1,4 +1,4 @@
-import { act, audioPlayer, button, bytesUrl, choicePicker, errorBanner, h, modelPicker, rerender } from "./shared.js";
+import { act, actWith, audioPlayer, button, bytesUrl, choicePicker, errorBanner, h, modelPicker, rerender } from "./shared.js";
 
 function render({ model, el }) {
   el.classList.add("lk-widget", "lk-speech-panel");
@@ -23,7 +23,7 @@ function render({ model, el }) {
     save("speed", Number(speed.value));
   });
   const speak = button("Speak", "Speak the text", () => {
-    if (text.value.trim()) act(model, "speak", text.value);
+    if (text.value.trim()) actWith(model, { speed: Number(speed.value) }, "speak", text.value);
   });
 
   el.append(
