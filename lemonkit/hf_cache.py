@@ -40,6 +40,7 @@ __all__ = [
     "default_hf_cache",
     "etag_name",
     "hub_hash",
+    "in_allowed_dirs",
     "inside",
     "is_file_like",
     "is_local",
@@ -98,6 +99,15 @@ def safe_relpath(name: str, *, what: str) -> PurePosixPath:
     if reason is not None:
         raise ValueError(f"{what} {name!r} {reason}")
     return PurePosixPath(name)
+
+
+def in_allowed_dirs(path: str | Path, allowed: Iterable[Path]) -> Path | None:
+    """``path`` resolved (symlinks followed) when it lies inside one of the operator's ``allowed`` directories
+    (``LEMONKIT_ALLOWED_DIRS``), else ``None``: the one check for every server-local path a request names."""
+    resolved = Path(path).resolve()
+    if any(resolved.is_relative_to(root.expanduser().resolve()) for root in allowed):
+        return resolved
+    return None
 
 
 def inside(base: Path, rel: str | PurePosixPath) -> Path:

@@ -24,6 +24,7 @@ from lemonkit import schemas
 from lemonkit.audio import WHISPER_RATE
 from lemonkit.backends.base import Upload
 from lemonkit.errors import BackendError, Forbidden, InvalidArgument, InvalidRequest, MissingArgument
+from lemonkit.hf_cache import in_allowed_dirs
 from lemonkit.manager import LoadedModel
 from lemonkit.server.base import error_event
 from lemonkit.server.openai import InferenceHandler
@@ -65,8 +66,8 @@ def read_allowed_file(name: object, allowed: Sequence[Path], *, what: str = "aud
     """
     if not isinstance(name, str) or not name or "\0" in name or not os.path.isabs(name):
         raise InvalidArgument(f"{what}: expected an absolute server-local path")
-    path = Path(name).resolve()
-    if not any(path.is_relative_to(root.expanduser().resolve()) for root in allowed):
+    path = in_allowed_dirs(name, allowed)
+    if path is None:
         raise Forbidden(
             f"{what}: {name!r} is outside the directories the operator allowed for server-local files "
             "(LEMONKIT_ALLOWED_DIRS)"

@@ -20,7 +20,7 @@ from lemonkit.errors import (
     MissingArgument,
     ModelNotFound,
 )
-from lemonkit.hf_cache import is_local, local_path
+from lemonkit.hf_cache import in_allowed_dirs, is_local, local_path
 from lemonkit.model_info import COLLECTION_OMNI, ModelInfo, labels_with_flags
 from lemonkit.server.base import LemonkitHandler
 
@@ -109,10 +109,7 @@ class PullHandler(LemonkitHandler):
         """A request may name a server-local file only inside a directory the operator allowed (symlinks followed)."""
         if not is_local(checkpoint):
             return
-        path = local_path(checkpoint).resolve()
-        if not any(
-            path.is_relative_to(allowed.expanduser().resolve()) for allowed in self.service.settings.allowed_dirs
-        ):
+        if in_allowed_dirs(local_path(checkpoint), self.service.settings.allowed_dirs) is None:
             field = "checkpoint" if role == "main" else role
             raise InvalidArgument(f"{field}: {checkpoint!r} is a server-local path outside the directories allowed")
 
