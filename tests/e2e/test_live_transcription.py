@@ -317,3 +317,23 @@ async def test_a_foreign_web_page_is_refused(standalone: Standalone) -> None:
         response = await client.post(PATH, params={"model": MODEL}, content=_chunks(b"\0\0"))
     assert response.status_code == 403, response.text
     assert response.json()["error"]["code"] == "forbidden_origin"
+
+
+@pytest.fixture(scope="module")
+def deadline_standalone() -> Iterator[Standalone]:
+    """A standalone server whose live bodies have a total deadline of :data:`IDLE_MS` and no idle bound."""
+    env = {"LEMONADE_API_KEY": API_KEY, "LEMONKIT_LIVE_TOTAL_TIMEOUT_MS": str(IDLE_MS)}
+    server = Standalone(env, args=("--live-idle-timeout-ms", "0"))
+    yield server
+    server.stop()
+
+
+@pytest.mark.slow
+async def test_a_body_past_the_total_deadline_is_an_error_event(deadline_standalone: Standalone) -> None:
+    host = Host("standalone", deadline_standalone.root, API_KEY)
+    live = await LiveRequest.open(host, {"model": MODEL}, first=pcm16(silence(0.1)))
+    try:
+        events = await live.rest()  # the body never ends: the deadline does
+    finally:
+        live.close()
+    assert str(IDLE_MS) in _error(events, "total_timeout")["message"]
