@@ -13,7 +13,7 @@ import numpy as np
 import soundfile
 import soxr
 
-__all__ = ["FORMATS", "SENTENCES", "convert", "normalised_words", "speech_wav", "word_error_rate"]
+__all__ = ["FORMATS", "SENTENCES", "convert", "normalised_words", "speech_wav", "word_error_rate", "word_errors"]
 
 #: sentences espeak-ng says clearly enough for Whisper tiny.en to transcribe them word for word (beam 5)
 SENTENCES = (
@@ -80,12 +80,17 @@ def normalised_words(text: str) -> list[str]:
     return cleaned.split()
 
 
-def word_error_rate(reference: str, hypothesis: str) -> float:
-    """Word-level Levenshtein distance over the reference's word count."""
+def word_errors(reference: str, hypothesis: str) -> int:
+    """Word-level Levenshtein distance: words substituted, dropped or added."""
     ref, hyp = normalised_words(reference), normalised_words(hypothesis)
     row = list(range(len(hyp) + 1))
     for i, word in enumerate(ref, 1):
         previous, row[0] = row[0], i
         for j, guess in enumerate(hyp, 1):
             previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (word != guess))
-    return row[-1] / max(len(ref), 1)
+    return row[-1]
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """Word-level Levenshtein distance over the reference's word count."""
+    return word_errors(reference, hypothesis) / max(len(normalised_words(reference)), 1)

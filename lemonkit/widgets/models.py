@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import traitlets
 
 from lemonkit.client import Client
+from lemonkit.errors import error_from_body
 from lemonkit.widgets import progress
 from lemonkit.widgets.assets import esm
 from lemonkit.widgets.base import Panel, error_of
@@ -79,7 +80,8 @@ class ModelBrowser(Panel):
         return self.background(self._refresh)
 
     def pull(self, name: str) -> Future[dict[str, Any]]:
-        """Download ``name`` (or resume it); the future gives its last progress state."""
+        """Download ``name`` (or resume it); the future gives its last progress state, or raises
+        :class:`~lemonkit.DownloadError` when the download failed."""
         return self._act(name, "pulling", self._pull, name)
 
     def pause(self, name: str) -> Future[dict[str, Any]]:
@@ -137,8 +139,8 @@ class ModelBrowser(Panel):
             self.update_entry("pending", name, None)  # the progress bar says what happens now
             state = self._follow(name, state).result()
         self._refresh()
-        if state.get("error"):
-            self.update_entry("row_errors", name, state["error"])
+        if state["status"] == "error":  # however it failed: before the start answered, or while followed
+            raise error_from_body(None, {"error": state["error"] or {"message": "download failed"}})
         return state
 
     def _follow(self, name: str, state: dict[str, Any]) -> Future[dict[str, Any]]:

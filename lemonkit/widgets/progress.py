@@ -50,7 +50,7 @@ def from_event(state: dict[str, Any], event: Event) -> dict[str, Any]:
         return {**state, "status": "completed", "percent": 100, "done": state["total"] or state["done"], "error": None}
     if event.name == "error":
         status = data.get("status") or "error"
-        error = {"message": data.get("error") or "download failed", "code": data.get("code")}
+        error = {"message": data.get("error") or "download failed", "code": data.get("code") or "download_error"}
         return {**state, "status": status, "error": error if status == "error" else None}
     return state
 

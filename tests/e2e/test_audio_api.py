@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import TINY, Host
-from speech import SENTENCES, normalised_words, speech_samples, speech_wav
+from speech import SENTENCES, normalised_words, speech_samples, speech_wav, word_errors
 
 import lemonkit
 from lemonkit.audio import UndecodableAudio
@@ -61,8 +61,9 @@ async def test_what_speak_says_transcribe_hears(host: Host) -> None:
     assert speech.sample_rate == 22050 and 2 < speech.duration < 10 and speech.model == DEFAULT_SPEECH_MODEL
     assert float(np.abs(speech.samples).max()) > 0.1  # speech, not silence
     assert speech.provenance["model"] == DEFAULT_SPEECH_MODEL and speech.provenance["route"] == "audio/speech"
-    assert normalised_words(transcript.text) == normalised_words(sentence)
-    assert [w for w in normalised_words(" ".join(w.word for w in transcript.words))] == normalised_words(sentence)
+    # Piper samples noise as it speaks, so no two runs sound alike: Whisper tiny may mishear one word of eleven
+    assert word_errors(sentence, transcript.text) <= 1, transcript.text
+    assert normalised_words(" ".join(w.word for w in transcript.words)) == normalised_words(transcript.text)
     _check_timing(transcript, speech.duration)
     assert transcript.model == transcript.provenance["model"] == DEFAULT_TRANSCRIPTION_MODEL
     assert transcript.language == "en" and transcript.duration == pytest.approx(speech.duration, abs=0.05)
@@ -74,7 +75,7 @@ async def test_what_speak_says_transcribe_hears(host: Host) -> None:
     assert all(parsed) and [int(m.group(1)) for m in parsed if m] == list(range(1, len(cues) + 1))
     spans = [(_seconds(m.group(2)), _seconds(m.group(3))) for m in parsed if m]
     assert all(a <= b <= speech.duration + 0.05 for a, b in spans)
-    assert normalised_words(" ".join(m.group(4) for m in parsed if m)) == normalised_words(sentence)
+    assert normalised_words(" ".join(m.group(4) for m in parsed if m)) == normalised_words(transcript.text)
     assert transcript.to_vtt().startswith("WEBVTT")
     frame = transcript.to_pandas()
     assert len(frame) == len(transcript.words) and (frame["end"] >= frame["start"]).all()

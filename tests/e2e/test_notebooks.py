@@ -9,6 +9,7 @@ of errors."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import os
@@ -21,6 +22,7 @@ import nbformat
 import pytest
 from jupyter_process import JupyterServer, free_port
 from nbclient import NotebookClient
+from speech import word_errors
 
 from lemonkit.config import (
     DEFAULT_CHAT_MODEL,
@@ -238,7 +240,8 @@ def test_audio_in_a_jupyter_kernel(offline_jupyter: tuple[JupyterServer, Path]) 
     _run_in(server, notebook)
     found = _checked(notebook)
     assert found["kind"] == "jupyter" and found["models"] == [DEFAULT_SPEECH_MODEL, DEFAULT_TRANSCRIPTION_MODEL]
-    assert _words(found["heard"]) == _words(found["sentence"])  # what speak() said, transcribe() heard
+    # what speak() said, transcribe() heard; Piper samples noise as it speaks, so Whisper tiny may mishear a word
+    assert word_errors(found["sentence"], found["heard"]) <= 1, found["heard"]
     assert _words(" ".join(found["aligned"])) == _words(found["sentence"])
     starts = [start for _, start, _ in found["words"]]
     assert starts == sorted(starts) and all(0 <= s <= e <= found["duration"] + 0.05 for _, s, e in found["words"])
@@ -251,10 +254,10 @@ def test_audio_in_a_jupyter_kernel(offline_jupyter: tuple[JupyterServer, Path]) 
     assert plot["data"]["image/png"]  # the word-timing figure, once
     srt = _printed(_outputs(notebook, "transcript.to_srt()"))
     assert srt.startswith("1\n00:00:0") and " --> " in srt
-    assert _words(_outputs(notebook, "sample_rate=44100")[-1]["data"]["text/plain"]) == _words(
-        "Open the door and turn on the light."
-    )
-    assert _words(_outputs(notebook, "speech.save(")[-1]["data"]["text/plain"]) == _words(found["sentence"])
+    slow = ast.literal_eval(_outputs(notebook, "sample_rate=44100")[-1]["data"]["text/plain"])
+    assert word_errors("Open the door and turn on the light.", slow) <= 1, slow
+    saved = ast.literal_eval(_outputs(notebook, "speech.save(")[-1]["data"]["text/plain"])
+    assert word_errors(found["sentence"], saved) <= 1, saved
     for fragment in ("lemonkit.SpeechPanel(", "lemonkit.TranscriptionPanel()"):
         (panel,) = [o for o in _outputs(notebook, fragment) if o["output_type"] == "execute_result"]
         assert WIDGET in panel["data"]
