@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AdminRequired",
     "BackendError",
     "BackendUnsupported",
     "DownloadError",
@@ -31,6 +32,7 @@ __all__ = [
     "NotEmbeddingModel",
     "NotFound",
     "SlotsPinned",
+    "TooManyRequests",
     "Unauthorized",
     "error_from_body",
 ]
@@ -119,6 +121,25 @@ class ForbiddenOrigin(Forbidden):
     """A browser page of another origin, not in the server's allowed origins, sent the request."""
 
     code = "forbidden_origin"
+
+
+class AdminRequired(Forbidden):
+    """A shared server's user asked for something only its admins may do (pull, delete, install...)."""
+
+    code = "admin_required"
+
+
+class TooManyRequests(LemonkitError):
+    """A shared server's user is over a per-user limit (requests at once, queued, or per minute); the answer's
+    ``Retry-After`` says when to try again."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
 
 
 class NotFound(LemonkitError, LookupError):

@@ -13,6 +13,7 @@ import base64
 import contextlib
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,16 @@ from tornado.iostream import StreamClosedError
 
 from lemonkit import schemas
 from lemonkit.backends.base import Upload
-from lemonkit.errors import BackendError, InvalidJSON, InvalidRequest, LemonkitError, NotFound
+from lemonkit.errors import (
+    AdminRequired,
+    BackendError,
+    InvalidJSON,
+    InvalidRequest,
+    LemonkitError,
+    NotFound,
+    TooManyRequests,
+)
+from lemonkit.server.caller import OWNER, Caller, current
 from lemonkit.server.bodies import parse_json
 from lemonkit.server.service import SETTINGS_KEY, Service
 
@@ -77,6 +87,25 @@ class LemonkitHandler(_Base):
         service: Service = self.settings[SETTINGS_KEY]
         return service
 
+    @property
+    def caller(self) -> Caller:
+        """Who sent this request: a shared host sets it once it authenticated them; else the server's owner."""
+        return getattr(self, "_lemonkit_caller", OWNER)
+
+    def set_caller(self, who: Caller) -> None:
+        """Record the authenticated caller (hosts call this in ``prepare``), also for log records and jobs."""
+        self._lemonkit_caller = who
+        current.set(who)
+
+    def require_admin(self, what: str) -> None:
+        """Refuse ``what`` (e.g. "pulling a model") unless the caller may change what all users share.
+
+        Raises:
+            AdminRequired: A shared server's user who is not one of its admins.
+        """
+        if not self.caller.admin:
+            raise AdminRequired(f"Only an admin of this shared server may do this: {what}")
+
     # -- errors --------------------------------------------------------------------------------------------------
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
@@ -86,6 +115,8 @@ class LemonkitHandler(_Base):
             return  # the stream writer already reported it as an error event
         self.clear()
         self.set_status(err.status)
+        if isinstance(err, TooManyRequests):
+            self.set_header("Retry-After", str(max(1, math.ceil(err.retry_after))))
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(err.to_dict()))
 
