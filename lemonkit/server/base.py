@@ -32,8 +32,8 @@ from lemonkit.errors import (
     NotFound,
     TooManyRequests,
 )
-from lemonkit.server.caller import OWNER, Caller, current
 from lemonkit.server.bodies import parse_json
+from lemonkit.server.caller import OWNER, Caller, current
 from lemonkit.server.service import SETTINGS_KEY, Service
 
 if TYPE_CHECKING:
