@@ -18,8 +18,9 @@ Use it from a module-scoped fixture::
 
 then ``hub.service_url`` (``<public>/services/lemonkit/``), ``hub.api`` (its ``api/v1`` base) and
 ``hub.token("alice")`` (a token with all of alice's scopes), ``hub.token("alice", scopes=[...])`` (only those),
-``hub.logs()`` (the hub's and the service's output), ``hub.login("alice")`` (an ``httpx.Client`` that logged in
-at ``/hub/login`` like a browser and holds the hub's cookies).
+``hub.headers("alice")`` (``Authorization`` with a new token), ``hub.logs()`` (the hub's and the service's output),
+``hub.login("alice")`` (an ``httpx.Client`` that logged in at ``/hub/login`` like a browser and holds the hub's
+cookies; close it, e.g. ``with contextlib.closing(hub.login("alice")) as browser:``).
 """
 
 from __future__ import annotations
