@@ -128,6 +128,8 @@ class _HubGuard(HubOAuthenticated, _HandlerBase):
             ) from None
         self._check_cookie_origin()
         self._hub_auth_user_cache = user  # current_user, without HubAuthenticated's blocking lookup
+        if self.request.method == "GET" and not getattr(self, "_token_authenticated", False):
+            self.xsrf_token  # noqa: B018 -- jupyterhub sets the _xsrf cookie a page's script sends back on writes
         admin_scope = self.settings[SETTINGS_KEY].settings.hub_admin_scope
         scopes = frozenset(user.get("scopes") or ())
         admin = bool(user.get("admin")) or admin_scope in scopes
@@ -160,6 +162,9 @@ class HubWebSocketHandler(_HubGuard, websocket.WebSocketHandler):
 
     def _wants_login_page(self) -> bool:
         return False
+
+    def check_origin(self, origin: str) -> bool:
+        return True  # prepare() refused a cookie from another origin; a token is a credential wherever it comes from
 
 
 class _OAuthCallback(LemonkitHandler, HubOAuthCallbackHandler):

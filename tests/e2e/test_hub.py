@@ -12,6 +12,7 @@ import pytest
 from openai import OpenAI, PermissionDeniedError
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
+from websockets.typing import Origin
 
 from lemonkit.config import DEFAULT_CHAT_MODEL
 from tests.hub_process import JupyterHub
@@ -188,3 +189,32 @@ def test_the_log_stream_needs_a_token(hub: JupyterHub) -> None:
         with connect(url, additional_headers=headers, open_timeout=60) as ws:
             ws.send('{"type": "logs.subscribe"}')
             assert '"logs.snapshot"' in str(ws.recv(timeout=60))
+
+
+def test_a_browser_page_writes_with_the_xsrf_token_and_admins_keep_their_rights(hub: JupyterHub) -> None:
+    for user, status in (("alice", 403), ("admin", 200), ("operator", 200)):
+        with closing(hub.login(user)) as browser:
+            page = browser.get(f"{hub.api}/models", headers={"Accept": "text/html"})
+            assert page.status_code == 200, page.text
+            xsrf = browser.cookies.get("_xsrf", path="/services/lemonkit/")
+            assert xsrf, browser.cookies
+            pull = browser.post(
+                f"{hub.api}/pull", json={"model_name": DEFAULT_CHAT_MODEL}, headers={"X-XSRFToken": xsrf}
+            )
+            assert pull.status_code == status, pull.text
+
+
+def test_a_websocket_from_another_origin_needs_a_token_not_a_cookie(hub: JupyterHub) -> None:
+    foreign = {"Origin": "http://evil.example"}
+    with connect(_ws_url(hub, f"logs/stream?token={hub.token('alice')}"), origin=Origin(foreign["Origin"])) as ws:
+        ws.send('{"type": "logs.subscribe"}')
+        assert '"logs.snapshot"' in str(ws.recv(timeout=60))
+    with closing(hub.login("alice")) as browser:
+        browser.get(f"{hub.api}/models", headers={"Accept": "text/html"}).raise_for_status()
+        cookie = "; ".join(f"{c.name}={c.value}" for c in browser.cookies.jar if c.path.startswith("/services/"))
+    with pytest.raises(InvalidStatus) as refused:
+        connect(_ws_url(hub, "logs/stream"), additional_headers={"Cookie": cookie, **foreign}, open_timeout=60)
+    assert refused.value.response.status_code == 403
+    with connect(_ws_url(hub, "logs/stream"), additional_headers={"Cookie": cookie}, open_timeout=60) as ws:
+        ws.send('{"type": "logs.subscribe"}')
+        assert '"logs.snapshot"' in str(ws.recv(timeout=60))
