@@ -115,6 +115,12 @@ class _HubGuard(HubOAuthenticated, _HandlerBase):
             if self._wants_login_page():
                 self.redirect(self.get_login_url())
                 return
+            if self.request.method not in ("GET", "HEAD") and self.get_secure_cookie(self.hub_auth.cookie_name):
+                raise Forbidden(
+                    "A hub login cookie needs jupyterhub's XSRF token on writes: send the _xsrf cookie's value "
+                    "as the X-XSRFToken header (or use a token)",
+                    code="xsrf_required",
+                )
             raise Unauthorized(
                 "Hub credentials are required: send 'Authorization: token <your JupyterHub API token>' "
                 "(or Bearer), or log in through the hub in a browser"

@@ -160,7 +160,7 @@ def test_a_browser_logs_in_through_the_hub_and_uses_its_cookie(hub: JupyterHub) 
         api = browser.get(f"{hub.api}/health", headers={"Accept": "application/json"})
         assert api.status_code == 200, api.text
         # a cookie alone does not make a write: jupyterhub requires its XSRF token too
-        _error(browser.post(f"{hub.api}/chat/completions", json=CHAT), 401)
+        assert _error(browser.post(f"{hub.api}/chat/completions", json=CHAT), 403)["code"] == "xsrf_required"
         # nor may a page of another origin read with it
         foreign = browser.get(f"{hub.api}/models", headers={"Origin": "http://evil.example"})
         assert _error(foreign, 403)["code"] == "forbidden_origin"
