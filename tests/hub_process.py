@@ -7,7 +7,10 @@ password for everyone, ``SimpleLocalProcessSpawner`` with homes under ``director
 own model cache. It returns once ``/services/lemonkit/live`` answers through the proxy.
 
 Users: ``admin`` (a hub admin), ``alice`` and ``bob`` (the default ``user`` role plus the service's access scope),
-and ``operator``, who is no hub admin but holds the service's admin scope (:data:`ADMIN_SCOPE`).
+and ``operator``, who is no hub admin but holds the service's admin scope (:data:`ADMIN_SCOPE`). A user's
+single-user server (``SimpleLocalProcessSpawner``, this interpreter, ``--allow-root``) gets a
+``$JUPYTERHUB_API_TOKEN`` that holds the access scope too (``Spawner.server_token_scopes``), so their kernels may
+call the service.
 
 Use it from a module-scoped fixture::
 
@@ -71,6 +74,8 @@ c.Authenticator.allowed_users = set(settings["users"])
 c.JupyterHub.spawner_class = "simple"
 c.SimpleLocalProcessSpawner.home_dir_template = settings["dir"] + "/home/{{username}}"
 c.Spawner.args = ["--allow-root"]  # the tests may run as root
+# a kernel's $JUPYTERHUB_API_TOKEN (its single-user server's token) may call the service too
+c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", settings["access_scope"]]
 c.JupyterHub.custom_scopes = {{
     settings["admin_scope"]: {{"description": "Administer the lemonkit service: pull, delete, install models"}},
 }}

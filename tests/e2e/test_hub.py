@@ -3,6 +3,9 @@ access scope, admin-only routes, through the hub's proxy at ``/services/lemonkit
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import closing
 from typing import Any
@@ -218,3 +221,18 @@ def test_a_websocket_from_another_origin_needs_a_token_not_a_cookie(hub: Jupyter
     with connect(_ws_url(hub, "logs/stream"), additional_headers={"Cookie": cookie}, open_timeout=60) as ws:
         ws.send('{"type": "logs.subscribe"}')
         assert '"logs.snapshot"' in str(ws.recv(timeout=60))
+
+
+def test_the_lemonkit_command_pulls_through_the_service_with_an_admins_token(hub: JupyterHub) -> None:
+    for user, status in (("admin", 0), ("alice", 2)):
+        env = {**os.environ, "LEMONKIT_URL": hub.service_url.rstrip("/"), "LEMONKIT_TOKEN": hub.token(user)}
+        done = subprocess.run(
+            [sys.executable, "-m", "lemonkit", "pull", DEFAULT_CHAT_MODEL],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == status, done.stdout + done.stderr
+        if status:
+            assert "admin" in done.stderr
