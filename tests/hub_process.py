@@ -23,7 +23,8 @@ then ``hub.service_url`` (``<public>/services/lemonkit/``), ``hub.api`` (its ``a
 ``hub.token("alice")`` (a token with all of alice's scopes), ``hub.token("alice", scopes=[...])`` (only those),
 ``hub.headers("alice")`` (``Authorization`` with a new token), ``hub.logs()`` (the hub's and the service's output),
 ``hub.login("alice")`` (an ``httpx.Client`` that logged in at ``/hub/login`` like a browser and holds the hub's
-cookies; close it, e.g. ``with contextlib.closing(hub.login("alice")) as browser:``).
+cookies; close it, e.g. ``with contextlib.closing(hub.login("alice")) as browser:``), ``hub.start_server("alice")``
+(her single-user server, ready; returns its URL) and ``hub.stop_server("alice")``.
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ class JupyterHub:
         directory: Everything of this hub goes here (database, secrets, homes, the service's cache, logs).
         environment: More environment variables for the service (``LEMONKIT_*`` settings, ``HF_ENDPOINT``...).
         service_args: More ``lemonkit serve`` arguments (``--load MODEL``, ``--hub-admin-scope S``...).
+        extra_config: Python lines appended to ``jupyterhub_config.py`` (``c`` is the config; e.g.
+            ``c.Spawner.environment = {...}`` for the users' servers).
         timeout: Seconds the hub and its service may take to answer through the proxy.
 
     Raises:
@@ -115,6 +118,7 @@ class JupyterHub:
         directory: Path,
         environment: dict[str, str] | None = None,
         service_args: list[str] | tuple[str, ...] = (),
+        extra_config: str = "",
         timeout: float = 180,
     ) -> None:
         self.directory = directory
@@ -148,7 +152,7 @@ class JupyterHub:
             "environment": service_env,
         }
         config = directory / "jupyterhub_config.py"
-        config.write_text(_CONFIG.format(settings=json.dumps(settings)))
+        config.write_text(_CONFIG.format(settings=json.dumps(settings)) + "\n" + extra_config + "\n")
         with self._log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "jupyterhub", "-f", str(config)],
@@ -231,6 +235,34 @@ class JupyterHub:
             client.close()
             raise RuntimeError(f"logging in as {user} failed: {answer.status_code} {answer.text[:300]}")
         return client
+
+    # -- users' servers -------------------------------------------------------------------------------------------
+
+    def start_server(self, user: str, timeout: float = 120) -> str:
+        """Start ``user``'s single-user server (``jupyterhub-singleuser``, lemonkit's extension in it) and wait
+        until the hub reports it ready.
+
+        Returns:
+            Its URL through the proxy (``<public>/user/<name>/``).
+        """
+        admin = {"Authorization": f"token {self.admin_token}"}
+        response = self.http.post(f"{self.hub_api}/users/{user}/server", headers=admin, timeout=timeout)
+        if response.status_code not in (201, 202):
+            raise RuntimeError(f"starting {user}'s server failed: {response.status_code} {response.text}")
+        deadline = time.monotonic() + timeout
+        while True:
+            model = self.http.get(f"{self.hub_api}/users/{user}", headers=admin).json()
+            server = model.get("servers", {}).get("", {})
+            if server.get("ready"):
+                return f"{self.public_url}{server['url']}"
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{user}'s server was not ready within {timeout} s:\n{self.logs()}")
+            time.sleep(0.1)  # polling the hub's REST API: nothing to wait on
+
+    def stop_server(self, user: str) -> None:
+        """Stop ``user``'s single-user server (the hub waits for it to end)."""
+        admin = {"Authorization": f"token {self.admin_token}"}
+        self.http.delete(f"{self.hub_api}/users/{user}/server", headers=admin, timeout=120)
 
     # -- stopping --------------------------------------------------------------------------------------------------
 

@@ -106,6 +106,8 @@ class _HubGuard(HubOAuthenticated, _HandlerBase):
     """Authentication and authorisation both hub bases share, through jupyterhub's :class:`HubOAuthenticated`."""
 
     hub_auth_class = _HubAuth
+    #: whether a cookie-authenticated GET sets jupyterhub's ``_xsrf`` cookie (not on a WebSocket's upgrade)
+    _offers_xsrf = True
 
     async def prepare(self) -> None:
         if not getattr(self, "auth_required", True):
@@ -134,7 +136,7 @@ class _HubGuard(HubOAuthenticated, _HandlerBase):
             ) from None
         self._check_cookie_origin()
         self._hub_auth_user_cache = user  # current_user, without HubAuthenticated's blocking lookup
-        if self.request.method == "GET" and not getattr(self, "_token_authenticated", False):
+        if self._offers_xsrf and self.request.method == "GET" and not getattr(self, "_token_authenticated", False):
             self.xsrf_token  # noqa: B018 -- jupyterhub sets the _xsrf cookie a page's script sends back on writes
         admin_scope = self.settings[SETTINGS_KEY].settings.hub_admin_scope
         scopes = frozenset(user.get("scopes") or ())
@@ -147,14 +149,18 @@ class _HubGuard(HubOAuthenticated, _HandlerBase):
         return self.request.method in ("GET", "HEAD") and "text/html" in accept
 
     def _check_cookie_origin(self) -> None:
-        """A page of another origin must not use the user's cookie, even for reads (the answer is theirs)."""
+        """A page of another origin must not use the user's cookie, even for reads (the answer is theirs).
+
+        The hub's own origin is the ``Host`` the proxy passed on, or the ``X-Forwarded-Host`` of a proxy in front
+        of it that rewrote ``Host`` (a page cannot send that header cross-origin: it is not CORS-safelisted).
+        """
         if getattr(self, "_token_authenticated", False):
             return
         origin = self.request.headers.get("Origin")
         if origin is None:
             return
-        parts = urlsplit(origin)
-        if parts.netloc.lower() != self.request.host.lower():
+        forwarded = self.request.headers.get("X-Forwarded-Host", "").split(",")[0].strip()
+        if urlsplit(origin).netloc.lower() not in {self.request.host.lower(), forwarded.lower()} - {""}:
             raise ForbiddenOrigin(f"A page of {origin} may not use a hub login cookie here")
 
 
@@ -165,6 +171,8 @@ class HubHandler(_HubGuard, web.RequestHandler):
 class HubWebSocketHandler(_HubGuard, websocket.WebSocketHandler):
     """Host base of the WebSocket routes: the same checks in ``prepare``, so a refused client gets a JSON 401 or
     403 and no upgrade. A token may come as ``?token=`` (jupyterhub reads it on WebSocket requests)."""
+
+    _offers_xsrf = False
 
     def _wants_login_page(self) -> bool:
         return False

@@ -3,6 +3,7 @@ access scope, admin-only routes, through the hub's proxy at ``/services/lemonkit
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -167,6 +168,7 @@ def test_a_browser_logs_in_through_the_hub_and_uses_its_cookie(hub: JupyterHub) 
         # nor may a page of another origin read with it
         foreign = browser.get(f"{hub.api}/models", headers={"Origin": "http://evil.example"})
         assert _error(foreign, 403)["code"] == "forbidden_origin"
+        assert browser.get(f"{hub.api}/models", headers={"Origin": hub.public_url}).status_code == 200
 
 
 def test_an_api_client_without_a_token_is_not_redirected(hub: JupyterHub) -> None:
@@ -236,3 +238,48 @@ def test_the_lemonkit_command_pulls_through_the_service_with_an_admins_token(hub
         assert done.returncode == status, done.stdout + done.stderr
         if status:
             assert "admin" in done.stderr
+
+
+def test_a_realtime_session_cannot_start_a_download_either(
+    hub: JupyterHub, alice: dict[str, str], admin: dict[str, str]
+) -> None:
+    every = httpx.get(f"{hub.api}/models", params={"show_all": "true"}, headers=alice, timeout=60).json()["data"]
+    missing = next(
+        m["id"]
+        for m in every
+        if "realtime-transcription" in m.get("labels", []) and not m["downloaded"] and not m.get("unsupported_reason")
+    )
+    url = _ws_url(hub, f"realtime?model={missing}&token={hub.token('alice')}")
+    with connect(url, open_timeout=60) as ws:
+        messages = [json.loads(ws.recv(timeout=60)) for _ in range(2)]
+    assert messages[0]["type"] == "session.created"
+    assert messages[1]["type"] == "error"
+    assert messages[1]["error"]["code"] == "admin_required"
+    jobs = httpx.get(f"{hub.api}/downloads", headers=admin, timeout=60).json()
+    assert all(missing not in str(job) for job in jobs)
+
+
+def test_a_users_server_token_may_call_the_service(hub: JupyterHub) -> None:
+    """The token a user's kernels inherit (their server's ``$JUPYTERHUB_API_TOKEN``), read from the server's
+    process: the one whose ``HOME`` is this hub's home of bob."""
+    url = hub.start_server("bob")
+    try:
+        assert url.endswith("/user/bob/")
+        home = str(hub.directory / "home" / "bob")
+        tokens = {env["JUPYTERHUB_API_TOKEN"] for env in _environments() if env.get("HOME") == home}
+        assert tokens
+        for token in tokens:
+            response = httpx.get(f"{hub.api}/models", headers={"Authorization": f"token {token}"}, timeout=60)
+            assert response.status_code == 200, response.text
+    finally:
+        hub.stop_server("bob")
+
+
+def _environments() -> Iterator[dict[str, str]]:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as raw:
+                pairs = raw.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        yield dict(pair.split("=", 1) for pair in pairs if "=" in pair)
