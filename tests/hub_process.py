@@ -105,9 +105,8 @@ class JupyterHub:
         directory: Everything of this hub goes here (database, secrets, homes, the service's cache, logs).
         environment: More environment variables for the service (``LEMONKIT_*`` settings, ``HF_ENDPOINT``...).
         service_args: More ``lemonkit serve`` arguments (``--load MODEL``, ``--hub-admin-scope S``...).
-        extra_config: Python lines appended to ``jupyterhub_config.py`` (``c`` is the config; e.g.
-            ``c.Spawner.environment = {...}`` for the users' servers).
         timeout: Seconds the hub and its service may take to answer through the proxy.
+        extra_config: Python appended to ``jupyterhub_config.py`` (``c`` is the config), e.g. spawner settings.
 
     Raises:
         RuntimeError: The hub or the service did not come up (the message ends with their log).
@@ -118,8 +117,8 @@ class JupyterHub:
         directory: Path,
         environment: dict[str, str] | None = None,
         service_args: list[str] | tuple[str, ...] = (),
-        extra_config: str = "",
         timeout: float = 180,
+        extra_config: str = "",
     ) -> None:
         self.directory = directory
         self.cache_dir = directory / "lemonkit-cache"
@@ -152,7 +151,7 @@ class JupyterHub:
             "environment": service_env,
         }
         config = directory / "jupyterhub_config.py"
-        config.write_text(_CONFIG.format(settings=json.dumps(settings)) + "\n" + extra_config + "\n")
+        config.write_text(_CONFIG.format(settings=json.dumps(settings)) + extra_config)
         with self._log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "jupyterhub", "-f", str(config)],
