@@ -35,6 +35,7 @@ class PullHandler(LemonkitHandler):
     schema = "pull"
 
     async def post(self) -> None:
+        self.require_admin("pulling or registering a model")
         body = self.json_body()
         await self.service.downloads.restore()  # a restored job may hold the registration to resume
         info, row = await asyncio.to_thread(self._target, body)
@@ -135,6 +136,7 @@ class DownloadsControlHandler(LemonkitHandler):
     schema = "downloads/control"
 
     async def post(self) -> None:
+        self.require_admin("pausing, cancelling or removing a download")
         body = self.json_body()
         self.write_json(await self.service.downloads.control(body["id"], body["action"]))
 
@@ -161,6 +163,7 @@ class DeleteHandler(LemonkitHandler):
     schema = "delete"
 
     async def post(self) -> None:
+        self.require_admin("deleting a model")
         body = self.json_body()
         service = self.service
         info = await service.lookup(body["model_name"])
