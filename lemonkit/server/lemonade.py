@@ -100,8 +100,12 @@ class HealthHandler(LemonkitHandler):
 
 
 class StatsHandler(LemonkitHandler):
+    """``GET /v1/stats``; a shared server's user who is not an admin gets the figures of their own last request
+    only (none once another user's request followed it on that model)."""
+
     async def get(self) -> None:
-        self.write_json(await self.service.manager.stats())
+        private = self.caller.shared and not self.caller.admin
+        self.write_json(await self.service.manager.stats(only_of=self.caller.name if private else None))
 
 
 class SystemInfoHandler(LemonkitHandler):
