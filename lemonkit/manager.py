@@ -99,8 +99,8 @@ class ModelManager:
     Args:
         settings: The deployment's settings.
         registry: Where model names are looked up.
-        install: Downloads models that are not downloaded (the server's download jobs); without it a load of
-            such a model fails.
+        install: Downloads models that are not downloaded (the server's download jobs, called with the models
+            and ``by=`` the user asking); without it a load of such a model fails.
     """
 
     def __init__(
@@ -108,7 +108,7 @@ class ModelManager:
         settings: Settings,
         registry: Registry,
         *,
-        install: Callable[[list[ModelInfo]], Awaitable[None]] | None = None,
+        install: Callable[..., Awaitable[None]] | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -296,7 +296,7 @@ class ModelManager:
         if self._install is None or await asyncio.to_thread(self.registry.is_downloaded, info):
             return
         try:
-            await self._install([info])
+            await self._install([info], by=caller.current.get().name)
         except LemonkitError as exc:
             if not as_load_error:
                 raise

@@ -104,8 +104,7 @@ class StatsHandler(LemonkitHandler):
     only (none once another user's request followed it on that model)."""
 
     async def get(self) -> None:
-        private = self.caller.shared and not self.caller.admin
-        self.write_json(await self.service.manager.stats(only_of=self.caller.name if private else None))
+        self.write_json(await self.service.manager.stats(only_of=self.caller.own_only))
 
 
 class SystemInfoHandler(LemonkitHandler):

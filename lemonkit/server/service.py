@@ -11,6 +11,7 @@ from lemonkit.downloads import DownloadManager
 from lemonkit.installer import Installer
 from lemonkit.manager import ModelManager
 from lemonkit.registry import ModelInfo, Registry
+from lemonkit.server.caller import tag_callers
 
 __all__ = ["SETTINGS_KEY", "Service"]
 
@@ -34,6 +35,7 @@ class Service:
         self.manager = ModelManager(self.settings, self.registry, install=self.downloads.install)
         self.installer = Installer(self.settings, self.manager)
         logs.install()  # the log stream starts with the server
+        tag_callers()  # records a shared server's user may see are theirs
 
     async def lookup(self, name: str) -> ModelInfo:
         """``registry.get`` off the event loop: it stats (and may re-read) user_models.json, which another
