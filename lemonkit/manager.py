@@ -29,7 +29,7 @@ from lemonkit import logs
 from lemonkit.backends.base import LoadSpec
 from lemonkit.backends.transport import connect
 from lemonkit.config import Settings
-from lemonkit.errors import LemonkitError, ModelLoadError, ModelLoadRefused, ModelNotFound, SlotsPinned
+from lemonkit.errors import Forbidden, LemonkitError, ModelLoadError, ModelLoadRefused, ModelNotFound, SlotsPinned
 from lemonkit.fairness import FairScheduler
 from lemonkit.options import AUTO_CTX_SIZE, RECIPE_OPTIONS, ResolvedOptions, check_runnable, is_unset, resolve_options
 from lemonkit.registry import ModelInfo, Registry
@@ -99,8 +99,8 @@ class ModelManager:
     Args:
         settings: The deployment's settings.
         registry: Where model names are looked up.
-        install: Downloads models that are not downloaded (the server's download jobs, called with the models
-            and ``by=`` the user asking); without it a load of such a model fails.
+        install: Downloads models that are not downloaded (the server's download jobs); without it a load of
+            such a model fails.
     """
 
     def __init__(
@@ -108,7 +108,7 @@ class ModelManager:
         settings: Settings,
         registry: Registry,
         *,
-        install: Callable[..., Awaitable[None]] | None = None,
+        install: Callable[[list[ModelInfo]], Awaitable[None]] | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -296,9 +296,9 @@ class ModelManager:
         if self._install is None or await asyncio.to_thread(self.registry.is_downloaded, info):
             return
         try:
-            await self._install([info], by=caller.current.get().name)
+            await self._install([info])
         except LemonkitError as exc:
-            if not as_load_error:
+            if not as_load_error or isinstance(exc, Forbidden):  # a refused caller is not a failed load
                 raise
             raise ModelLoadError(f"Downloading {info.id} failed: {exc.message}") from exc
 

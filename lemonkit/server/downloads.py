@@ -35,6 +35,7 @@ class PullHandler(LemonkitHandler):
     schema = "pull"
 
     async def post(self) -> None:
+        self.require_admin("pulling or registering a model")
         body = self.json_body()
         await self.service.downloads.restore()  # a restored job may hold the registration to resume
         info, row = await asyncio.to_thread(self._target, body)
@@ -138,6 +139,7 @@ class DownloadsControlHandler(LemonkitHandler):
     schema = "downloads/control"
 
     async def post(self) -> None:
+        self.require_admin("pausing, cancelling or removing a download")
         body = self.json_body()
         downloads = self.service.downloads
         self.write_json(await downloads.control(body["id"], body["action"], visible_to=self.caller.own_only))
@@ -165,6 +167,7 @@ class DeleteHandler(LemonkitHandler):
     schema = "delete"
 
     async def post(self) -> None:
+        self.require_admin("deleting a model")
         body = self.json_body()
         service = self.service
         info = await service.lookup(body["model_name"])
