@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections import deque
@@ -29,6 +30,8 @@ from lemonkit.config import UserLimits
 from lemonkit.errors import TooManyRequests
 
 __all__ = ["FairScheduler", "ModelQueue", "TokenBucket"]
+
+log = logging.getLogger("lemonkit.fairness")
 
 #: the seconds a turn is guessed to last before any has been measured
 _FIRST_GUESS = 1.0
@@ -249,6 +252,8 @@ class FairScheduler:
         queue = self.queue(model)
         self._check_queued(user, model)  # again: a load may have come between admission and turn
         state = self._users.setdefault(user, _User())
+        if queue.must_wait():  # in the user's own log stream: why their request has not started yet
+            log.info("%s waits for a turn at %s (%d served, %d waiting)", user, model, queue.in_flight, queue.waiting)
         state.queued += 1
         try:
             await queue.acquire(user)
