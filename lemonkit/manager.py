@@ -277,6 +277,19 @@ class ModelManager:
                     if model.active == 0:
                         model.idle.set()
 
+    async def warm(self, name: str) -> LoadedModel:
+        """Load ``name`` for a session that will use it per utterance (each a :meth:`use` of its own): the
+        session's start is admitted and charged to the caller's rate here, but holds no turn and no admission
+        while the model loads or afterwards.
+
+        Raises:
+            TooManyRequests: The caller is over a per-user limit.
+            ModelLoadError: The model failed to download or load.
+        """
+        async with self.fairness.admission(caller.current.get().name, name):
+            pass
+        return await self._ready(name, None)
+
     def busy(self, name: str) -> bool:
         """Whether ``name`` is serving a request, or has requests waiting for their turn."""
         return self.fairness.busy(name)

@@ -8,6 +8,7 @@ its first request downloads it, so a hub hold keeps that request under way for a
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import os
@@ -15,14 +16,22 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import httpx
+import numpy as np
 import pytest
 from conftest import API_KEY, Host, Standalone
 from hub_server import HubServer, tiny_gguf_repo
+from speech import SENTENCES, speech_samples, word_error_rate
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import WebSocketClientConnection, websocket_connect
+
+from lemonkit.audio import pcm16
 
 T = TypeVar("T")
 PLAIN = "tiny-Q4_K_M.gguf"
+WHISPER = "Whisper-Tiny-En-Bundled"
 _ids = itertools.count()
 
 pytestmark = pytest.mark.slow
@@ -170,3 +179,47 @@ async def test_the_rate_limit_answers_429_then_recovers(env: Env) -> None:
         await asyncio.sleep(retry_after)  # what the answer asked for: then a token is there again
         recovered = await client.post("completions", json=completion(env.model))
         assert recovered.status_code == 200, recovered.text
+
+
+async def _realtime(host: Host) -> WebSocketClientConnection:
+    url = host.root.replace("http://", "ws://", 1) + "realtime?" + urlencode({"model": WHISPER})
+    return await websocket_connect(HTTPRequest(url, headers=host.headers))
+
+
+async def _next(ws: WebSocketClientConnection, kind: str) -> dict[str, Any]:
+    """The next message, which must be of type ``kind``."""
+    raw = await asyncio.wait_for(ws.read_message(), 180)  # a safety net against a hang, not a timing assertion
+    assert raw is not None, "the server closed the connection"
+    message: dict[str, Any] = json.loads(raw)
+    assert message["type"] == kind, message
+    return message
+
+
+async def _say(ws: WebSocketClientConnection, text: str) -> str:
+    """One utterance, committed by hand; its transcript."""
+    samples = np.concatenate([speech_samples(text), np.zeros(16000 // 2, dtype=np.float32)])
+    for start in range(0, len(samples), 1600):
+        audio = base64.b64encode(pcm16(samples[start : start + 1600])).decode()
+        await ws.write_message(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+    await ws.write_message(json.dumps({"type": "input_audio_buffer.commit"}))
+    await _next(ws, "input_audio_buffer.committed")
+    return str((await _next(ws, "conversation.item.input_audio_transcription.completed"))["transcript"])
+
+
+@pytest.mark.parametrize("user_limits", [{"max_active": 1, "rate": 2}])
+async def test_a_realtime_session_holds_no_turn_between_utterances(env: Env) -> None:
+    ws = await _realtime(env.host)  # its start is one request of the rate
+    try:
+        await _next(ws, "session.created")
+        await ws.write_message(json.dumps({"type": "session.update", "session": {"turn_detection": None}}))
+        await _next(ws, "session.updated")
+        assert word_error_rate(SENTENCES[0], await _say(ws, SENTENCES[0])) <= 0.2
+        async with env.client() as client:
+            # max_active is 1, yet the open session leaves room for another request between its utterances
+            between = await client.post("completions", json=completion(env.model))
+            assert between.status_code == 200, between.text
+        # the rate (2 a minute) is spent: the session's start and that request. Utterances are not charged
+        # (the session was, when it started), so this one is transcribed
+        assert word_error_rate(SENTENCES[1], await _say(ws, SENTENCES[1])) <= 0.2
+    finally:
+        ws.close()
