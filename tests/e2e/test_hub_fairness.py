@@ -106,20 +106,6 @@ class AsyncLogStream:
                 self.lines.append(message["entry"]["line"])
 
 
-def test_a_users_rate_limit_answers_429_and_spares_the_others(
-    hub: JupyterHub, headers: dict[str, dict[str, str]]
-) -> None:
-    with httpx.Client(base_url=hub.api + "/", timeout=120) as client:
-        for _ in range(RATE + 15):  # a minute's worth at once, then one every 60 / RATE seconds
-            response = client.post("chat/completions", json=chat(1), headers=headers["alice"])
-            if response.status_code != 200:
-                break
-        assert_too_many(response)
-        spared = client.post("chat/completions", json=chat(1), headers=headers["bob"])
-        assert spared.status_code == 200, spared.text
-        assert client.get("models", headers=headers["alice"]).status_code == 200  # only model requests count
-
-
 def _log_lines(hub: JupyterHub, headers: dict[str, str]) -> list[str]:
     url = hub.service_url.replace("http://", "ws://") + "logs/stream"
     with connect(url, additional_headers=headers, open_timeout=60) as ws:
@@ -158,3 +144,38 @@ def test_a_user_does_not_see_the_download_jobs_others_asked_for(
             control = client.post("downloads/control", json={"id": job_id, "action": "remove"}, headers=headers[user])
             assert control.status_code == 403 and control.json()["error"]["code"] == "admin_required"
         assert job_id in [j["id"] for j in client.get("downloads", headers=headers["admin"]).json()]
+
+
+def test_stats_tell_a_user_only_of_their_own_last_request(hub: JupyterHub, headers: dict[str, dict[str, str]]) -> None:
+    with httpx.Client(base_url=hub.api + "/", timeout=120) as client:
+
+        def stats(user: str) -> dict[str, Any]:
+            response = client.get("stats", headers=headers[user])
+            assert response.status_code == 200, response.text
+            result: dict[str, Any] = response.json()
+            return result
+
+        answer = client.post("chat/completions", json=chat(3), headers=headers["bob"])
+        assert answer.status_code == 200, answer.text
+        assert stats("bob")["output_tokens"] == answer.json()["usage"]["completion_tokens"]
+        assert stats("alice")["output_tokens"] is None  # the last request was bob's: nothing about it
+        assert stats("admin")["output_tokens"] == answer.json()["usage"]["completion_tokens"]
+        mine = client.post("chat/completions", json=chat(2), headers=headers["alice"])
+        assert mine.status_code == 200, mine.text
+        assert stats("alice")["output_tokens"] == mine.json()["usage"]["completion_tokens"]
+        assert stats("bob")["output_tokens"] is None  # his request is no longer the model's last
+
+
+# last: it spends alice's requests of the minute
+def test_a_users_rate_limit_answers_429_and_spares_the_others(
+    hub: JupyterHub, headers: dict[str, dict[str, str]]
+) -> None:
+    with httpx.Client(base_url=hub.api + "/", timeout=120) as client:
+        for _ in range(RATE + 15):  # a minute's worth at once, then one every 60 / RATE seconds
+            response = client.post("chat/completions", json=chat(1), headers=headers["alice"])
+            if response.status_code != 200:
+                break
+        assert_too_many(response)
+        spared = client.post("chat/completions", json=chat(1), headers=headers["bob"])
+        assert spared.status_code == 200, spared.text
+        assert client.get("models", headers=headers["alice"]).status_code == 200  # only model requests count
