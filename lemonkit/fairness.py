@@ -206,10 +206,9 @@ class FairScheduler:
             TooManyRequests: The user has ``max_active`` requests open, or used their rate; nothing was done.
         """
         limits = self.limits
-        state = self._users.setdefault(user, _User())
-        if limits.max_active and state.active >= limits.max_active:
+        if limits.max_active and self.active(user) >= limits.max_active:
             raise TooManyRequests(
-                f"You have {state.active} requests under way (at most {limits.max_active} at once): "
+                f"You have {self.active(user)} requests under way (at most {limits.max_active} at once): "
                 "wait for one to finish",
                 retry_after=self.queue(model).typical_turn,
             )
@@ -224,6 +223,7 @@ class FairScheduler:
                     f"You sent {limits.rate} requests in the last minute (the most allowed)",
                     retry_after=math.ceil(wait),
                 )
+        state = self._users.setdefault(user, _User())  # refused requests leave nothing behind
         state.active += 1
         try:
             yield
