@@ -195,7 +195,8 @@ class UserLimits:
             value = getattr(self, name)
             if value < 0:
                 flag = "--user-" + name.replace("_", "-")
-                raise ValueError(f"the per-user limit {name} ({env}, {flag}) must be 0 (no limit) or more, got {value}")
+                where = f"{env}, {flag}, LemonkitExtension.user_{name}"
+                raise ValueError(f"the per-user limit {name} ({where}) must be 0 (no limit) or more, got {value}")
 
     @classmethod
     def from_env(cls, **overrides: int | None) -> UserLimits:
