@@ -223,3 +223,30 @@ async def test_a_realtime_session_holds_no_turn_between_utterances(env: Env) -> 
         assert word_error_rate(SENTENCES[1], await _say(ws, SENTENCES[1])) <= 0.2
     finally:
         ws.close()
+
+
+@pytest.mark.parametrize("user_limits", [{"max_active": 1}])
+async def test_a_request_whose_client_leaves_frees_its_place(env: Env) -> None:
+    env.hub.hold(at=100_000, path=PLAIN)
+    async with env.client() as client:
+
+        async def job(check: Callable[[dict[str, Any]], bool]) -> bool:
+            jobs = (await client.get("downloads")).json()
+            return any(j["model_name"] == env.model and check(j) for j in jobs)
+
+        leaver = env.client()
+        leaving = asyncio.ensure_future(leaver.post("completions", json=completion(env.model)))
+        await until(lambda: job(lambda j: j["bytes_downloaded"] == 100_000), "the first request at the hold")
+        assert_too_many(await client.post("completions", json=completion(env.model)))
+        leaving.cancel()
+        await asyncio.gather(leaving, return_exceptions=True)
+        await leaver.aclose()  # its connection closes: the server sees the client go
+
+        # nobody waits for the download any more: it stops (and leaves the list), as did the request waiting for it
+        async def stopped() -> bool:
+            return not await job(lambda j: True)
+
+        await until(stopped, "the download to stop")
+        env.hub.release()
+        again = await client.post("completions", json=completion(env.model))
+        assert again.status_code == 200, again.text
