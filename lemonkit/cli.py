@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import quote
 
 from lemonkit import commands
-from lemonkit.config import DEFAULT_PORT, LiveLimits, Settings, default_chat_model
+from lemonkit.config import DEFAULT_PORT, LiveLimits, Settings, UserLimits, default_chat_model
 
 __all__ = ["DEMO_QUESTION", "chat_demo_body", "demo_body", "main"]
 
@@ -36,6 +36,11 @@ log = logging.getLogger("lemonkit.cli")
 
 DEMO_QUESTION = "Why is the sky blue?"
 _LEVELS = ("debug", "info", "warning", "error")
+_USER_LIMITS = {
+    "max_active": "model requests under way at once",
+    "max_queued": "model requests waiting for their turn",
+    "rate": "model requests per minute",
+}
 
 
 def demo_body(model: str, question: str) -> dict[str, Any]:
@@ -98,6 +103,13 @@ def _parser() -> argparse.ArgumentParser:
                 metavar="N",
                 help=f"bound of /v1/audio/transcriptions/live's body (0: none); default ${env}, else "
                 f"{getattr(LiveLimits, name)}",
+            )
+        for name, env in UserLimits.ENV.items():
+            cmd.add_argument(
+                "--user-" + name.replace("_", "-"),
+                type=int,
+                metavar="N",
+                help=f"per-user limit: {_USER_LIMITS[name]} (0: none); default ${env}, else 0",
             )
     serve = sub.choices["serve"]
     serve.add_argument("--load", metavar="MODEL", help="load this model before serving")
@@ -192,7 +204,8 @@ def _serve(args: argparse.Namespace) -> int:
     from lemonkit.server.standalone import serve
 
     limits = LiveLimits.from_env(**{name: getattr(args, "live_" + name) for name in LiveLimits.ENV})
-    settings = Settings(live_limits=limits)
+    users = UserLimits.from_env(**{name: getattr(args, "user_" + name) for name in UserLimits.ENV})
+    settings = Settings(live_limits=limits, user_limits=users)
     browsers = {"allowed_hosts": args.allowed_hosts, "allowed_origins": args.allowed_origins}
     if args.command == "serve" and args.jupyterhub_service:
         _configure_logging(args.log_level)

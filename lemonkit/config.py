@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_UPSCALE_MODEL",
     "LiveLimits",
     "Settings",
+    "UserLimits",
     "default_chat_model",
     "default_embedding_model",
     "default_image_model",
@@ -163,6 +164,52 @@ class LiveLimits:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class UserLimits:
+    """Per-user limits of the model requests (see :mod:`lemonkit.fairness`); ``0`` is no limit, the default. On a
+    personal server every request is its owner's, so they bound the owner's requests.
+
+    Args:
+        max_active: A user's requests under way at once, served or waiting for their turn
+            (``LEMONKIT_USER_MAX_ACTIVE``).
+        max_queued: A user's requests waiting for their turn at a model (``LEMONKIT_USER_MAX_QUEUED``).
+        rate: A user's requests per minute (``LEMONKIT_USER_RATE``).
+
+    Raises:
+        ValueError: A negative value.
+    """
+
+    max_active: int = 0
+    max_queued: int = 0
+    rate: int = 0
+
+    #: field -> its environment variable (and, dashed, its ``lemonkit serve`` flag after ``--user-``)
+    ENV = {
+        "max_active": "LEMONKIT_USER_MAX_ACTIVE",
+        "max_queued": "LEMONKIT_USER_MAX_QUEUED",
+        "rate": "LEMONKIT_USER_RATE",
+    }
+
+    def __post_init__(self) -> None:
+        for name, env in self.ENV.items():
+            value = getattr(self, name)
+            if value < 0:
+                flag = "--user-" + name.replace("_", "-")
+                where = f"{env}, {flag}, LemonkitExtension.user_{name}"
+                raise ValueError(f"the per-user limit {name} ({where}) must be 0 (no limit) or more, got {value}")
+
+    @classmethod
+    def from_env(cls, **overrides: int | None) -> UserLimits:
+        """Limits from the environment, with ``overrides`` (flags, traitlets) that are not ``None`` winning.
+
+        Raises:
+            ValueError: A value is not an integer, or is negative.
+        """
+        values = {name: _env_int(env, getattr(cls, name)) for name, env in cls.ENV.items()}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
 @dataclass
 class Settings:
     """Everything the model manager and the handlers need to know about the deployment.
@@ -188,6 +235,7 @@ class Settings:
         pip_command: The pip that ``/v1/install`` and ``/v1/uninstall`` run (``LEMONKIT_PIP``); it must manage
             the server's own environment, which is where backend states are read.
         live_limits: Bounds on the live transcription route's body.
+        user_limits: Per-user limits of the model requests.
     """
 
     cache_dir: Path = field(default_factory=_default_cache_dir)
@@ -220,6 +268,7 @@ class Settings:
         default_factory=lambda: tuple(shlex.split(os.environ.get("LEMONKIT_PIP", ""))) or (sys.executable, "-m", "pip")
     )
     live_limits: LiveLimits = field(default_factory=LiveLimits.from_env)
+    user_limits: UserLimits = field(default_factory=UserLimits.from_env)
 
     def __post_init__(self) -> None:
         if self.llamacpp_args:

@@ -105,8 +105,11 @@ class HealthHandler(LemonkitHandler):
 
 
 class StatsHandler(LemonkitHandler):
+    """``GET /v1/stats``; a shared server's user who is not an admin gets the figures of their own last request
+    only (none once another user's request followed it on that model)."""
+
     async def get(self) -> None:
-        self.write_json(await self.service.manager.stats())
+        self.write_json(await self.service.manager.stats(only_of=self.caller.own_only))
 
 
 class SystemInfoHandler(LemonkitHandler):

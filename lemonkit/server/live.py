@@ -314,8 +314,7 @@ class LiveTranscriptionHandler(LemonkitHandler):
         info = await self.service.usable(params.model)
         if info.type != "transcription":
             raise ModelNotApplicable(f"{info.id} is a {info.type} model; {self.request.path} needs transcription")
-        async with self.service.manager.use(info.id):
-            pass  # loaded now, so that a load failure is answered with its status
+        await self.service.manager.warm(info.id)  # loaded now, so that a load failure is answered with its status
         return info.id
 
     async def post(self) -> None:

@@ -160,8 +160,7 @@ class RealtimeHandler(LemonkitWebSocket):
     async def _warm(self, model: str) -> None:
         """Load the model now, so that the first transcript does not wait for it."""
         try:
-            async with self.service.manager.use(model):
-                pass
+            await self.service.manager.warm(model)
         except LemonkitError as err:
             self.send_error_message(err)
 

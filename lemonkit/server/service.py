@@ -12,7 +12,7 @@ from lemonkit.errors import AdminRequired
 from lemonkit.installer import Installer
 from lemonkit.manager import ModelManager
 from lemonkit.registry import ModelInfo, Registry
-from lemonkit.server.caller import current
+from lemonkit.server.caller import current, tag_callers
 
 __all__ = ["SETTINGS_KEY", "Service"]
 
@@ -36,6 +36,7 @@ class Service:
         self.manager = ModelManager(self.settings, self.registry, install=self.install)
         self.installer = Installer(self.settings, self.manager)
         logs.install()  # the log stream starts with the server
+        tag_callers()  # records a shared server's user may see are theirs
 
     async def lookup(self, name: str) -> ModelInfo:
         """``registry.get`` off the event loop: it stats (and may re-read) user_models.json, which another
@@ -70,7 +71,7 @@ class Service:
                 f"{names} is not downloaded on this shared server, and only its admins may download models: "
                 "ask one to pull it"
             )
-        await self.downloads.install(models)
+        await self.downloads.install(models, by=current.get().name)  # who asked sees the job
 
     async def close(self) -> None:
         await self.downloads.close()
