@@ -371,10 +371,14 @@ class ModelManager:
 
     async def _make_room(self, info: ModelInfo) -> None:
         limit = self.settings.max_loaded_models
-        if limit < 0:
-            return
+        if limit < 0 or info.remote is not None:
+            return  # a remote model holds no memory here: it neither takes a slot nor makes room
         # on-demand models (upscalers) have slots of their own: upscaling a generated image keeps its generator
-        same_type = [m for m in self._loaded.values() if (m.info.type, m.info.on_demand) == (info.type, info.on_demand)]
+        same_type = [
+            m
+            for m in self._loaded.values()
+            if (m.info.type, m.info.on_demand) == (info.type, info.on_demand) and m.upstream is None
+        ]
         while len(same_type) >= limit:
             candidates = [m for m in same_type if not m.pinned]
             if not candidates:
