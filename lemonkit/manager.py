@@ -303,6 +303,10 @@ class ModelManager:
 
     def discard(self, model: LoadedModel) -> None:
         """Forget a model whose sidecar failed; the next request loads it afresh."""
+        if model.upstream is not None:
+            # one upstream failing is not the model failing: its endpoint is marked down, and closing the client
+            # would break the requests other endpoints are serving
+            return
         if self._loaded.get(model.name) is model:
             del self._loaded[model.name]
             log.warning("sidecar for %s failed; it will be reloaded on next use", model.name)

@@ -3,17 +3,14 @@ against a real tiny Tornado upstream that injects faults, the operator's host po
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from fault_upstream import fault_upstream
 from llama_cpp_server import free_port
-from tornado import httpserver, netutil, web
 
 from lemonkit.backends.remote import Endpoint, RemoteTransport, Upstream, check_hosts, host_allowed, map_error
 from lemonkit.backends.remote import read_api_key as read_key
@@ -22,74 +19,6 @@ from lemonkit.errors import Forbidden, ModelLoadError
 from lemonkit.model_info import parse_row
 
 KEY = "sk-upstream-unit"
-
-
-@dataclass
-class Seen:
-    """What the upstream received."""
-
-    requests: list[dict[str, Any]] = field(default_factory=list)
-
-
-class _Route(web.RequestHandler):
-    def initialize(self, seen: Seen) -> None:
-        self.seen = seen
-
-    def get(self, mode: str, rest: str) -> None:
-        if mode == "ok" and rest == "models":
-            self.write({"object": "list", "data": [{"id": "up-model"}]})
-        elif mode == "nolist":
-            self.set_status(404)
-            self.finish("not here")
-        else:
-            self.set_status(500)
-            self.finish("no models")
-
-    async def post(self, mode: str, rest: str) -> None:
-        body = json.loads(self.request.body)
-        self.seen.requests.append(
-            {"mode": mode, "path": self.request.path, "body": body, "auth": self.request.headers.get("Authorization")}
-        )
-        if mode == "ok":
-            self.write({"echo": body, "path": self.request.path})
-        elif mode == "stream":
-            self.set_header("Content-Type", "text/event-stream")
-            for i in range(3):
-                self.write(f'data: {{"n": {i}}}\n\n')
-                await self.flush()
-            self.write("data: [DONE]\n\n")
-        elif mode == "e500":
-            self.set_status(500)
-            self.finish("boom: the engine crashed")
-        elif mode == "e503":
-            self.set_status(503)
-            self.finish({"error": "loading model"})
-        elif mode == "vllm":
-            self.set_status(400)
-            self.finish({"object": "error", "message": "bad things", "type": "BadRequestError", "code": 400})
-        elif mode == "ollama":
-            self.set_status(404)
-            self.finish({"error": "model 'x' not found, try pulling it first"})
-        elif mode == "auth":
-            self.set_status(401)
-            self.finish({"error": {"message": "Invalid API key", "type": "authentication_error"}})
-        elif mode == "close":
-            self.request.connection.stream.close()  # hang up before answering anything
-
-
-@contextlib.asynccontextmanager
-async def fault_upstream() -> AsyncIterator[tuple[str, Seen]]:
-    """A real HTTP upstream on loopback: ``{root}/{mode}/v1`` answers as ``mode`` says."""
-    seen = Seen()
-    app = web.Application([(r"/(\w+)/v1/(.*)", _Route, {"seen": seen})])
-    sockets = netutil.bind_sockets(0, "127.0.0.1")
-    server = httpserver.HTTPServer(app)
-    server.add_sockets(sockets)
-    try:
-        yield f"http://127.0.0.1:{sockets[0].getsockname()[1]}", seen
-    finally:
-        server.stop()
-        await server.close_all_connections()
 
 
 def _client(*urls: str, key: str | None = KEY) -> httpx.AsyncClient:
@@ -120,6 +49,18 @@ async def test_stream_passes_through_unchanged() -> None:
             assert response.headers["content-type"].startswith("text/event-stream")
             raw = b"".join([chunk async for chunk in response.aiter_raw()])
     assert raw == b'data: {"n": 0}\n\ndata: {"n": 1}\n\ndata: {"n": 2}\n\ndata: [DONE]\n\n'
+
+
+async def test_a_cut_stream_raises_and_marks_its_endpoint_down() -> None:
+    endpoint = Endpoint("")
+    async with fault_upstream() as (root, _):
+        endpoint.url = f"{root}/cut/v1"
+        async with Upstream(RemoteTransport("user.m", "up-model", [endpoint]), timeout=30).client as client:
+            async with client.stream("POST", "/v1/chat/completions", json={"stream": True}) as response:
+                with pytest.raises(httpx.TransportError):
+                    async for _ in response.aiter_raw():
+                        pass
+    assert endpoint.ok is False and "mid-answer" in (endpoint.last_error or "")
 
 
 @pytest.mark.parametrize(

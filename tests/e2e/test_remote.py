@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import TINY, Host, Standalone
+from fault_upstream import fault_upstream
 from llama_cpp_server import MODEL_ID, LlamaCppServer
 
 import lemonkit
@@ -150,6 +154,18 @@ async def test_python_api(front: Standalone, upstream: LlamaCppServer) -> None:
                 assert quiet.text.strip()
             finally:
                 client.delete(name)
+        command = [sys.executable, "-m", "lemonkit.cli", "pull", "user.remote-cli", "--checkpoint", MODEL_ID]
+        env = {**os.environ, "LEMONKIT_URL": front.root, "LEMONKIT_TOKEN": FRONT_KEY}
+        urls = [upstream.url, upstream.url.replace("127.0.0.1", "127.0.0.1.")]  # one upstream, two spellings
+        done = subprocess.run(
+            [*command, "--remote-url", urls[0], "--remote-url", urls[1]], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        with Client(front.root, token=FRONT_KEY) as client:
+            try:
+                assert client.model("user.remote-cli")["remote_urls"] == urls
+            finally:
+                client.delete("user.remote-cli")
 
     await asyncio.to_thread(calls)
 
@@ -276,3 +292,25 @@ async def test_balancing_failover_and_all_down(front: Standalone) -> None:
     finally:
         first.stop()
         second.stop()
+
+
+async def test_a_stream_cut_mid_way_ends_with_an_error_and_the_model_stays(
+    front: Standalone, upstream: LlamaCppServer
+) -> None:
+    name = "user.remote-cut"
+    async with fault_upstream() as (root, seen), _front_host(front).client() as client:
+        await _register(client, _remote(name, MODEL_ID, [f"{root}/cut/v1", upstream.url]))
+        try:
+            body = {"model": name, "messages": HELLO, "max_tokens": 8}
+            frames = [frame async for frame in _sse(client, body)]  # round-robin starts with the cut endpoint
+            assert [json.loads(f)["choices"][0]["delta"]["content"] for f in frames[:1]] == ["Hel"]
+            assert len(frames) == 2 and json.loads(frames[1])["error"]["code"] == "backend_error"
+            assert len(seen.requests) == 1 and seen.requests[0]["body"]["model"] == MODEL_ID
+
+            again = [frame async for frame in _sse(client, body)]  # not replayed: the next request, elsewhere
+            assert again[-1] == "[DONE]" and len(seen.requests) == 1
+            endpoints = _endpoints((await client.get("health")).json(), name)
+            assert endpoints[0]["state"] == "down" and "mid-answer" in endpoints[0]["last_error"]
+            assert endpoints[1]["state"] == "ok"
+        finally:
+            await _delete(client, name)
