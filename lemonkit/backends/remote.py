@@ -95,7 +95,8 @@ def check_hosts(urls: Iterable[str], settings: RemoteSettings) -> None:
         allowed = ", ".join(settings.allowed_hosts or ()) or "none"
         raise Forbidden(
             f"This server may not send requests to {', '.join(refused)}: remote models may only name the hosts "
-            f"its operator allowed ({allowed}; LEMONKIT_REMOTE_ALLOWED_HOSTS / --remote-allowed-hosts)",
+            f"its operator allowed ({allowed}; LEMONKIT_REMOTE_ALLOWED_HOSTS, lemonkit serve --remote-allowed-hosts, "
+            "LemonkitExtension.remote_allowed_hosts)",
             code="remote_host_not_allowed",
         )
 

@@ -60,6 +60,15 @@ def front() -> Iterator[Standalone]:
     server.stop()
 
 
+@pytest.fixture
+def jp_server_config() -> dict[str, Any]:
+    """The Jupyter host of this module allows remote models on 127.0.0.1 only (its traitlet)."""
+    return {
+        "ServerApp": {"jpserver_extensions": {"lemonkit": True}},
+        "LemonkitExtension": {"remote_allowed_hosts": ["127.0.0.1"]},
+    }
+
+
 def _front_host(front: Standalone) -> Host:
     return Host("standalone", front.root, FRONT_KEY)
 
@@ -314,3 +323,10 @@ async def test_a_stream_cut_mid_way_ends_with_an_error_and_the_model_stays(
             assert endpoints[1]["state"] == "ok"
         finally:
             await _delete(client, name)
+
+
+async def test_jupyter_traitlet_limits_hosts(jupyter_host: Host) -> None:
+    async with jupyter_host.client() as client:
+        refused = await client.post("pull", json=_remote("user.remote-far", "m", ["http://localhost:8000/v1"]))
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "remote_host_not_allowed"
+        assert "LemonkitExtension.remote_allowed_hosts" in refused.json()["error"]["message"]
