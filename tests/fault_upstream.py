@@ -2,11 +2,13 @@
 
 ``{root}/{mode}/v1/...``: ``ok`` echoes what it got (and lists ``up-model``), ``stream`` streams three events,
 ``e500``/``e503`` fail, ``vllm``/``ollama``/``auth`` answer those servers' error shapes, ``close`` hangs up before
-answering, ``cut`` hangs up after one streamed event; ``nolist`` and ``cut`` have no model list (404).
+answering, ``hang`` answers only when released, ``cut`` hangs up after one streamed event; ``nolist`` and ``cut``
+have no model list (404).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -23,6 +25,8 @@ class Seen:
     """What the upstream received."""
 
     requests: list[dict[str, Any]] = field(default_factory=list)
+    #: ``hang`` answers once this is set (at the latest when the upstream stops)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class _Route(web.RequestHandler):
@@ -67,6 +71,9 @@ class _Route(web.RequestHandler):
         elif mode == "auth":
             self.set_status(401)
             self.finish({"error": {"message": "Invalid API key", "type": "authentication_error"}})
+        elif mode == "hang":
+            await self.seen.release.wait()
+            self.write({"late": True})
         elif mode == "close":
             self.request.connection.stream.close()  # hang up before answering anything
         elif mode == "cut":
@@ -88,5 +95,6 @@ async def fault_upstream() -> AsyncIterator[tuple[str, Seen]]:
     try:
         yield f"http://127.0.0.1:{sockets[0].getsockname()[1]}", seen
     finally:
+        seen.release.set()
         server.stop()
         await server.close_all_connections()

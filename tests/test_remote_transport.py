@@ -109,6 +109,16 @@ async def test_fails_over_before_the_first_byte(fault: str) -> None:
     assert [r["mode"] for r in seen.requests].count("ok") == 2
 
 
+async def test_an_upstream_that_never_answers_times_out_without_a_retry() -> None:
+    async with fault_upstream() as (root, seen):
+        endpoints = [Endpoint(f"{root}/hang/v1"), Endpoint(f"{root}/ok/v1")]
+        async with Upstream(RemoteTransport("user.m", "up-model", endpoints), timeout=0.2).client as client:
+            response = await client.post("/v1/chat/completions", json={"messages": []})
+    assert response.status_code == 504 and response.json()["error"]["code"] == "upstream_timeout"
+    assert [r["mode"] for r in seen.requests] == ["hang"]  # the request is not run a second time elsewhere
+    assert endpoints[0].ok is False
+
+
 async def test_all_down_is_a_clear_502() -> None:
     async with fault_upstream() as (root, _):
         urls = [f"{root}/close/v1", f"http://127.0.0.1:{free_port()}/v1"]

@@ -319,39 +319,43 @@ class RemoteTransport(httpx.AsyncBaseTransport):
             )
         tried: list[str] = []
         for endpoint in self.order():
-            endpoint.requests += 1
-            upstream = httpx.Request(
-                "POST", endpoint.url + suffix, headers=self._headers, content=content, extensions=request.extensions
-            )
-            try:
-                response = await self._network.handle_async_request(upstream)
-            except httpx.TimeoutException as exc:
-                if not isinstance(exc, httpx.ConnectTimeout):  # it has the request: running it twice costs twice
-                    endpoint.failed(f"no answer within the timeout ({_describe(exc)})")
-                    message = f"{endpoint.url} did not answer within the timeout (LEMONKIT_REMOTE_TIMEOUT)"
-                    return httpx.Response(504, json=_body(message, "server_error", "upstream_timeout"))
-                endpoint.failed(_describe(exc))
-                tried.append(f"{endpoint.url} ({_describe(exc)})")
-                continue
-            except httpx.TransportError as exc:
-                # refused, reset or closed before a byte of the answer: nothing reached the client, try the next
-                endpoint.failed(_describe(exc))
-                tried.append(f"{endpoint.url} ({_describe(exc)})")
-                continue
-            if response.status_code == 200:
-                endpoint.succeeded()
-                headers = {"Content-Type": response.headers.get("Content-Type", "application/json")}
-                return httpx.Response(200, headers=headers, stream=_Relay(response, endpoint))
-            raw = await _read_error(response)
-            status, body = map_error(response.status_code, raw, endpoint.url)
-            if response.status_code in _TRY_NEXT:
-                endpoint.failed(body["error"]["message"])
-                tried.append(f"{endpoint.url} ({response.status_code})")
-                continue
-            endpoint.succeeded()  # it answered: the request, not the endpoint, is at fault
-            return httpx.Response(status, json=body)
+            outcome = await self._attempt(endpoint, suffix, content, request.extensions)
+            if isinstance(outcome, httpx.Response):
+                return outcome
+            tried.append(f"{endpoint.url} ({outcome})")
         message = f"No upstream of {self.name} answered: {'; '.join(tried)}"
         return httpx.Response(502, json=_body(message, "server_error", "upstream_unreachable"))
+
+    async def _attempt(
+        self, endpoint: Endpoint, suffix: str, content: bytes, extensions: dict[str, Any]
+    ) -> httpx.Response | str:
+        """Send the request to ``endpoint``: the answer to give, or why the next endpoint should have it."""
+        endpoint.requests += 1
+        request = httpx.Request("POST", endpoint.url + suffix, headers=self._headers, content=content)
+        request.extensions = extensions
+        try:
+            response = await self._network.handle_async_request(request)
+        except httpx.TimeoutException as exc:
+            endpoint.failed(_describe(exc))
+            if isinstance(exc, httpx.ConnectTimeout):
+                return _describe(exc)
+            # it has the request and may still be working on it: running it again elsewhere would cost twice
+            message = f"{endpoint.url} did not answer within the timeout (LEMONKIT_REMOTE_TIMEOUT)"
+            return httpx.Response(504, json=_body(message, "server_error", "upstream_timeout"))
+        except httpx.TransportError as exc:
+            # refused, reset or closed before a byte of the answer: nothing reached the client, so try the next
+            endpoint.failed(_describe(exc))
+            return _describe(exc)
+        if response.status_code == 200:
+            endpoint.succeeded()
+            headers = {"Content-Type": response.headers.get("Content-Type", "application/json")}
+            return httpx.Response(200, headers=headers, stream=_Relay(response, endpoint))
+        status, body = map_error(response.status_code, await _read_error(response), endpoint.url)
+        if response.status_code in _TRY_NEXT:
+            endpoint.failed(body["error"]["message"])
+            return f"answered {response.status_code}"
+        endpoint.succeeded()  # it answered: the request, not the endpoint, is at fault
+        return httpx.Response(status, json=body)
 
     async def probe(self, endpoint: Endpoint) -> None:
         """Check that ``endpoint`` answers ``GET /models`` and, when it lists models, serves the checkpoint."""
