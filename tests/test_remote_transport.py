@@ -14,9 +14,12 @@ from llama_cpp_server import free_port
 
 from lemonkit.backends.remote import Endpoint, RemoteTransport, Upstream, check_hosts, host_allowed, map_error
 from lemonkit.backends.remote import read_api_key as read_key
+from lemonkit.catalog import SupportPolicy
 from lemonkit.config import RemoteSettings
 from lemonkit.errors import Forbidden, ModelLoadError
 from lemonkit.model_info import parse_row
+from lemonkit.registry import Registry
+from lemonkit.system_info import DEFAULT_RECIPES
 
 KEY = "sk-upstream-unit"
 
@@ -206,3 +209,14 @@ def test_a_remote_row() -> None:
     info = parse_row("user.r", {**row, "labels": ["embeddings"], "api_key_env": "OLLAMA_KEY"}, user=True)
     assert info.remote is not None and info.remote.urls == ("http://h:11434/v1",)
     assert (info.type, info.checkpoint, info.remote.api_key_env) == ("embedding", "llama3.2:1b", "OLLAMA_KEY")
+
+
+def test_a_registered_remote_model_counts_as_downloaded_and_keeps_no_key(tmp_path: Path) -> None:
+    registry = Registry(tmp_path)
+    row = {"recipe": "remote", "checkpoint": "org/big", "remote_urls": ["http://h/v1"], "api_key_env": "BIG_KEY"}
+    info = registry.register("user.big", row)
+    assert registry.is_downloaded(info) and registry.model_files(info) == []
+    assert SupportPolicy(DEFAULT_RECIPES, devices={"cpu": {"available": True}}).model(info, registry).supported
+    obj = registry.model_object(info)
+    assert (obj["downloaded"], obj["remote_urls"], obj["source"]) == (True, ["http://h/v1"], "remote")
+    assert json.loads(registry.user_models_path.read_text()) == {"big": row}
