@@ -367,7 +367,7 @@ class ModelManager:
             socket_path=None,
             client=upstream.client,
             recipe_options={},
-            engine_info={"engine": "remote", "device": "remote"},
+            engine_info={"engine": "remote", "device": "remote", "slots": upstream.slots},
             upstream=upstream,
         )
         model.idle.set()

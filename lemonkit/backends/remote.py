@@ -31,6 +31,7 @@ from lemonkit.errors import Forbidden, ModelLoadError
 from lemonkit.model_info import ModelInfo
 
 __all__ = [
+    "SLOTS_PER_ENDPOINT",
     "Endpoint",
     "RemoteTransport",
     "Upstream",
@@ -65,6 +66,9 @@ _TRY_NEXT = frozenset({502, 503, 504})
 #: seconds a failed endpoint goes to the back of the queue before it is tried first again
 _COOLDOWN = 5.0
 _CONNECT_TIMEOUT = 10.0
+#: requests a remote model serves at once per URL (its "slots"): more wait their turn here, fairly per user on a
+#: shared server, instead of piling onto an upstream that batches only so many
+SLOTS_PER_ENDPOINT = 8
 
 
 # -- operator policy ----------------------------------------------------------------------------------------------
@@ -417,6 +421,11 @@ class Upstream:
     @property
     def endpoints(self) -> list[Endpoint]:
         return self.transport.endpoints
+
+    @property
+    def slots(self) -> int:
+        """Requests served at once: :data:`SLOTS_PER_ENDPOINT` per URL."""
+        return SLOTS_PER_ENDPOINT * len(self.endpoints)
 
     def health(self) -> list[dict[str, Any]]:
         """Each endpoint's state, for ``/v1/health``."""
