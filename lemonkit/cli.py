@@ -1,6 +1,8 @@
 """The ``lemonkit`` command.
 
 - ``lemonkit serve [--host H] [--port P] [--load MODEL]``: the standalone server.
+- ``lemonkit serve --jupyterhub-service``: the same API as a JupyterHub managed service, shared by the hub's users
+  (see :mod:`lemonkit.server.hub`).
 - ``lemonkit run [MODEL]``: serve, load the model (the bundled chat default, offline), answer one question, keep
   serving. A model with a chat template answers through ``/v1/chat/completions``; a base model (no template, like
   the bundled Gemma 270M) through a Q/A ``/v1/completions`` prompt.
@@ -27,7 +29,7 @@ from typing import Any
 from urllib.parse import quote
 
 from lemonkit import commands
-from lemonkit.config import DEFAULT_PORT, LiveLimits, RemoteSettings, Settings, default_chat_model
+from lemonkit.config import DEFAULT_PORT, LiveLimits, RemoteSettings, Settings, UserLimits, default_chat_model
 
 __all__ = ["DEMO_QUESTION", "chat_demo_body", "demo_body", "main"]
 
@@ -35,6 +37,11 @@ log = logging.getLogger("lemonkit.cli")
 
 DEMO_QUESTION = "Why is the sky blue?"
 _LEVELS = ("debug", "info", "warning", "error")
+_USER_LIMITS = {
+    "max_active": "model requests under way at once",
+    "max_queued": "model requests waiting for their turn",
+    "rate": "model requests per minute",
+}
 
 
 def demo_body(model: str, question: str) -> dict[str, Any]:
@@ -109,8 +116,28 @@ def _parser() -> argparse.ArgumentParser:
             metavar="PATH",
             help="JSON or dotenv file of upstream keys for remote models' api_key_env; default $LEMONKIT_SECRETS_FILE",
         )
+        for name, env in UserLimits.ENV.items():
+            cmd.add_argument(
+                "--user-" + name.replace("_", "-"),
+                type=int,
+                metavar="N",
+                help=f"per-user limit: {_USER_LIMITS[name]} (0: none); default ${env}, else 0",
+            )
     serve = sub.choices["serve"]
     serve.add_argument("--load", metavar="MODEL", help="load this model before serving")
+    serve.add_argument(
+        "--jupyterhub-service",
+        action="store_true",
+        help="serve as a JupyterHub managed service (c.JupyterHub.services): address and prefix from the hub's "
+        "JUPYTERHUB_SERVICE_URL and JUPYTERHUB_SERVICE_PREFIX, hub tokens and OAuth; --host, --port and the "
+        "browser options do not apply",
+    )
+    serve.add_argument(
+        "--hub-admin-scope",
+        metavar="SCOPE",
+        help="with --jupyterhub-service: the hub scope that makes a user an admin of the service (hub admins "
+        "always are); default $LEMONKIT_HUB_ADMIN_SCOPE, else custom:lemonkit:admin",
+    )
     # lemonkit.client's embedded server: announces its port on stdout, exits when its stdin closes
     serve.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     run = sub.choices["run"]
@@ -200,8 +227,17 @@ def _serve(args: argparse.Namespace) -> int:
     from lemonkit.server.standalone import serve
 
     limits = LiveLimits.from_env(**{name: getattr(args, "live_" + name) for name in LiveLimits.ENV})
-    settings = Settings(live_limits=limits, remote=_remote_settings(args))
+    users = UserLimits.from_env(**{name: getattr(args, "user_" + name) for name in UserLimits.ENV})
+    settings = Settings(live_limits=limits, user_limits=users, remote=_remote_settings(args))
     browsers = {"allowed_hosts": args.allowed_hosts, "allowed_origins": args.allowed_origins}
+    if args.command == "serve" and args.jupyterhub_service:
+        _configure_logging(args.log_level)
+        from lemonkit.server import hub
+
+        if args.hub_admin_scope:
+            settings.hub_admin_scope = args.hub_admin_scope
+        asyncio.run(hub.serve(hub.HubSettings.from_env(), settings, preload=args.load))
+        return 0
     if args.command == "serve":
         _configure_logging(args.log_level)
         announce = _announce if args.embedded else None

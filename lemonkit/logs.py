@@ -95,6 +95,7 @@ def _timestamp(created: float) -> str:
 class _Entry:
     seq: int
     encoded: str  # the entry's JSON, serialised once for every subscriber
+    user: str | None = None  # whose request it was logged for, on a shared server
 
 
 class LogStore:
@@ -114,8 +115,14 @@ class LogStore:
     def last_seq(self) -> int:
         return self._seq
 
-    def add(self, severity: str, tag: str, message: str, created: float | None = None) -> dict[str, Any]:
-        """Append one entry (from any thread), credentials redacted, and wake every subscriber; returns the entry."""
+    def add(
+        self, severity: str, tag: str, message: str, created: float | None = None, *, user: str | None = None
+    ) -> dict[str, Any]:
+        """Append one entry (from any thread), credentials redacted, and wake every subscriber; returns the entry.
+
+        Args:
+            user: The shared server's user whose request it was logged for (see :meth:`since`).
+        """
         message = redact(message)
         timestamp = _timestamp(time.time() if created is None else created)
         with self._lock:
@@ -127,7 +134,7 @@ class LogStore:
                 "tag": tag,
                 "line": f"{timestamp} [{severity}] ({tag}) {message}",
             }
-            self._entries.append(_Entry(self._seq, json.dumps(entry)))
+            self._entries.append(_Entry(self._seq, json.dumps(entry), user))
             watchers = list(self._watchers)
         current = _running_loop()
         for loop, event in watchers:
@@ -140,8 +147,9 @@ class LogStore:
                 self.unwatch(event)
         return entry
 
-    def since(self, after_seq: int | None) -> tuple[list[str], int]:
-        """JSON of the retained entries after ``after_seq`` (all of them for None), and the last seq.
+    def since(self, after_seq: int | None, *, only_of: str | None = None) -> tuple[list[str], int]:
+        """JSON of the retained entries after ``after_seq`` (all of them for None), and the last seq; with
+        ``only_of``, only the entries logged for that user's requests.
 
         An ``after_seq`` beyond the last seq comes from a client of an earlier server process (seqs restart
         with the process), so it gets everything retained rather than nothing until the counter catches up.
@@ -151,7 +159,8 @@ class LogStore:
                 start = 0
             else:
                 start = max(0, after_seq - self._entries[0].seq + 1)  # seqs are contiguous in the window
-            return [e.encoded for e in itertools.islice(self._entries, start, None)], self._seq
+            entries = itertools.islice(self._entries, start, None)
+            return [e.encoded for e in entries if only_of is None or e.user == only_of], self._seq
 
     def watch(self) -> asyncio.Event:
         """An event, set on the running loop whenever an entry is added, until :meth:`unwatch`."""
@@ -177,7 +186,8 @@ STORE = LogStore()
 
 
 class StoreHandler(logging.Handler):
-    """Copies records into a :class:`LogStore`, tagged with the logger's name below ``lemonkit.``."""
+    """Copies records into a :class:`LogStore`, tagged with the logger's name below ``lemonkit.`` and with the
+    record's ``lemonkit_user`` (a filter of the server sets it: whose request it was logged for)."""
 
     def __init__(self, store: LogStore = STORE) -> None:
         super().__init__()
@@ -189,7 +199,8 @@ class StoreHandler(logging.Handler):
             if record.exc_info:
                 message += "\n" + logging.Formatter().formatException(record.exc_info)
             tag = record.name.removeprefix("lemonkit.") if record.name != "lemonkit" else "lemonkit"
-            self.store.add(severity_of(record.levelno), tag, message, record.created)
+            user = getattr(record, "lemonkit_user", None)
+            self.store.add(severity_of(record.levelno), tag, message, record.created, user=user)
         except Exception:
             self.handleError(record)
 

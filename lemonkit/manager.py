@@ -30,9 +30,11 @@ from lemonkit.backends import remote
 from lemonkit.backends.base import LoadSpec
 from lemonkit.backends.transport import connect
 from lemonkit.config import Settings
-from lemonkit.errors import LemonkitError, ModelLoadError, ModelLoadRefused, ModelNotFound, SlotsPinned
+from lemonkit.errors import Forbidden, LemonkitError, ModelLoadError, ModelLoadRefused, ModelNotFound, SlotsPinned
+from lemonkit.fairness import FairScheduler
 from lemonkit.options import AUTO_CTX_SIZE, RECIPE_OPTIONS, ResolvedOptions, check_runnable, is_unset, resolve_options
 from lemonkit.registry import ModelInfo, Registry
+from lemonkit.server import caller
 
 __all__ = ["MODEL_TYPES", "RECIPE_OPTIONS", "LoadedModel", "ModelManager"]
 
@@ -55,6 +57,8 @@ class LoadedModel:
     pinned: bool = False
     last_use: float = field(default_factory=time.time)
     active: int = 0
+    #: whose request it served last (``/v1/stats`` tells a shared server's user only of their own)
+    last_user: str | None = None
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     #: copies the sidecar's stderr into the log store (tagged with the model's name) until the process exits
     stderr_task: asyncio.Task[None] | None = None
@@ -124,6 +128,8 @@ class ModelManager:
         self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
         self._load_lock = asyncio.Lock()
         self._last_used: str | None = None
+        self._last_of: dict[str, str] = {}  # user -> the model of their last request
+        self.fairness = FairScheduler(settings.user_limits)
         self._run_dir = Path(tempfile.mkdtemp(prefix="lemonkit-"))  # 0700: only we reach the sockets
         self._counter = 0
         self._captures: set[asyncio.Task[None]] = set()
@@ -148,10 +154,16 @@ class ModelManager:
             "max_models": {kind: limit for kind in MODEL_TYPES},
         }
 
-    async def stats(self) -> dict[str, Any]:
-        """``/v1/stats``: the engine's figures for the last request any model served."""
-        model = self._loaded.get(self._last_used or "")
-        if model is None:
+    async def stats(self, *, only_of: str | None = None) -> dict[str, Any]:
+        """``/v1/stats``: the engine's figures for the last request any model served.
+
+        Args:
+            only_of: This user's last request instead, given only while it is the last its model served (else no
+                figures, as before any request): a shared server's user must not learn what another asked.
+        """
+        last = self._last_used if only_of is None else self._last_of.get(only_of)
+        model = self._loaded.get(last or "")
+        if model is None or (only_of is not None and model.last_user != only_of):
             return {
                 "time_to_first_token": None,
                 "tokens_per_second": None,
@@ -244,24 +256,50 @@ class ModelManager:
                 del self._loading[info.id]
 
     @contextlib.asynccontextmanager
-    async def use(self, name: str, *, ctx_size: int | None = None) -> AsyncIterator[LoadedModel]:
-        """Hold ``name`` loaded for the duration of one request, loading it on first use."""
+    async def use(self, name: str, *, ctx_size: int | None = None, metered: bool = True) -> AsyncIterator[LoadedModel]:
+        """Hold ``name`` loaded for the duration of one request, loading it on first use, once the caller (the
+        request's :data:`lemonkit.server.caller.current`) is admitted and has their turn at it (see
+        :mod:`lemonkit.fairness`).
+
+        Args:
+            name: The model's id.
+            ctx_size: The context size a first load uses.
+            metered: Charge the request to the caller's rate; a session's utterances are not, the session was.
+
+        Raises:
+            TooManyRequests: The caller is over a per-user limit (nothing was done).
+            ModelLoadError: The model failed to download or load.
+        """
+        user = caller.current.get().name
+        async with self.fairness.admission(user, name, metered=metered):
+            await self._ready(name, ctx_size)
+            async with self.fairness.turn(name, user) as turn:
+                model = await self._ready(name, ctx_size)  # it may have been evicted while this request waited
+                turn.set_capacity(int(model.engine_info.get("slots", 1)))
+                model.active += 1
+                model.idle.clear()
+                model.last_use = time.time()
+                self._last_used, self._last_of[user], model.last_user = model.name, model.name, user
+                try:
+                    yield model
+                finally:
+                    model.active -= 1
+                    model.last_use = time.time()
+                    if model.active == 0:
+                        model.idle.set()
+
+    def busy(self, name: str) -> bool:
+        """Whether ``name`` is serving a request, or has requests waiting for their turn."""
+        return self.fairness.busy(name)
+
+    async def _ready(self, name: str, ctx_size: int | None) -> LoadedModel:
+        """``name`` loaded (downloaded first if need be)."""
         model = self._loaded.get(name)
         if model is None or not model.running:
             await self._download(await asyncio.to_thread(self.registry.get, name), as_load_error=True)
             options = {"ctx_size": ctx_size} if ctx_size is not None else None
             model = await self.load(name, options, reload=False)
-        model.active += 1
-        model.idle.clear()
-        model.last_use = time.time()
-        self._last_used = model.name
-        try:
-            yield model
-        finally:
-            model.active -= 1
-            model.last_use = time.time()
-            if model.active == 0:
-                model.idle.set()
+        return model
 
     async def _download(self, info: ModelInfo, *, as_load_error: bool = False) -> None:
         """Download ``info`` first if it is not downloaded ("downloading and loading the model if it is not
@@ -271,7 +309,7 @@ class ModelManager:
         try:
             await self._install([info])
         except LemonkitError as exc:
-            if not as_load_error:
+            if not as_load_error or isinstance(exc, Forbidden):  # a refused caller is not a failed load
                 raise
             raise ModelLoadError(f"Downloading {info.id} failed: {exc.message}") from exc
 

@@ -62,6 +62,8 @@ class Job:
         #: listed in /v1/downloads (and saved) while it lasts although nobody owns it: a load's download
         self.listed = listed
         self.register = register
+        #: the users who asked for it (a shared server shows a job only to them and its admins)
+        self.requested_by: set[str] = set()
         self.status = "downloading"
         self.running = True
         self.error: LemonkitError | None = None
@@ -235,6 +237,7 @@ class Job:
                 "error": error,
                 "finished_at": self.finished_wall,
                 "plan": plan,
+                "requested_by": sorted(self.requested_by),
             }
 
     def restored(self, status: str, error: LemonkitError | None, finished_at: float, on_disk: dict[str, Any]) -> None:

@@ -76,11 +76,15 @@ class DownloadManager:
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)
 
-    def jobs(self) -> list[Job]:
+    def jobs(self, *, visible_to: str | None = None) -> list[Job]:
         """Jobs ``GET /v1/downloads`` lists: those a ``subscribe=false`` pull made server-owned, and a load's
-        while it lasts (call :meth:`restore` first for those a previous server left)."""
+        while it lasts (call :meth:`restore` first for those a previous server left).
+
+        Args:
+            visible_to: Only the jobs this user asked for (a shared server's user who is not an admin).
+        """
         self._prune()
-        return [job for job in self._jobs.values() if job.saved]
+        return [job for job in self._jobs.values() if job.saved and _visible(job, visible_to)]
 
     def registering(self, name: str) -> dict[str, Any] | None:
         """The ``user_models.json`` row a listed job registers as ``name`` (saved already or not yet), if any.
@@ -105,7 +109,13 @@ class DownloadManager:
             self._save_soon()
 
     async def pull(
-        self, info: ModelInfo, *, owned: bool, listed: bool = False, register: dict[str, Any] | None = None
+        self,
+        info: ModelInfo,
+        *,
+        owned: bool,
+        listed: bool = False,
+        register: dict[str, Any] | None = None,
+        by: str | None = None,
     ) -> Job:
         """The job downloading ``info``: the running one (shared), or a new one.
 
@@ -116,6 +126,7 @@ class DownloadManager:
             listed: The job is listed while it lasts although it pauses when its last subscriber leaves
                 (``/v1/load``'s download).
             register: The ``user_models.json`` row to save for ``info.id``.
+            by: The user asking for it (recorded: a shared server shows them the job).
 
         Raises:
             DownloadStopped: A registration with different settings is already downloading under this name.
@@ -130,13 +141,15 @@ class DownloadManager:
             if not job.stop_requested:
                 if register is not None and job.register is not None and register != job.register:
                     raise DownloadStopped(f"{info.id} is already being registered and downloaded with other settings")
-                was_saved = job.saved
+                was_saved, known = job.saved, job.requested_by.copy()
                 job.owned, job.listed = job.owned or owned, job.listed or listed
-                if job.saved and not was_saved:
+                job.requested_by.update([by] if by else [])
+                if (job.saved and not was_saved) or job.requested_by != known:
                     self._save_soon()
                 return job
             await job.wait_stopped()  # a paused or cancelled worker is unwinding: start afresh once it is gone
         new = Job(info, loop, owned=owned or bool(job and job.owned), listed=listed, register=register)
+        new.requested_by = (job.requested_by if job else set()) | ({by} if by else set())
         self._jobs[new.id] = new
         if new.saved:
             self._save_soon()
@@ -145,12 +158,12 @@ class DownloadManager:
         thread.start()
         return new
 
-    async def install(self, infos: list[ModelInfo]) -> None:
+    async def install(self, infos: list[ModelInfo], *, by: str | None = None) -> None:
         """Download ``infos``, each through its job (joining one that runs), listed in ``/v1/downloads`` while
         they run.
 
         The wait subscribes to the jobs: when it is cancelled (its client left) a job nobody else wants pauses,
-        keeping its partial files for the next pull.
+        keeping its partial files for the next pull. ``by`` is the user whose request needs them.
 
         Raises:
             LemonkitError: The first failure, with the status and code a non-streaming pull answers with.
@@ -158,7 +171,7 @@ class DownloadManager:
         jobs: list[Job] = []
         try:
             for info in infos:
-                job = await self.pull(info, owned=False, listed=True)
+                job = await self.pull(info, owned=False, listed=True, by=by)
                 self.subscribe(job)  # before any other await: an unwatched job pauses
                 jobs.append(job)
             await _all_done(jobs)
@@ -166,14 +179,19 @@ class DownloadManager:
             for job in jobs:
                 self.unsubscribe(job)
 
-    async def control(self, job_id: str, action: str) -> dict[str, Any]:
+    async def control(self, job_id: str, action: str, *, visible_to: str | None = None) -> dict[str, Any]:
         """``POST /v1/downloads/control``.
+
+        Args:
+            visible_to: Only a job this user asked for; another is answered as if there were none.
 
         Raises:
             NotFound: No such job (and the action is not ``remove``).
         """
         await self.restore()
         job = self._jobs.get(job_id)
+        if job is not None and not _visible(job, visible_to):
+            job = None
         if job is None:
             if action == "remove":
                 return {"status": "ok", "missing": True}
@@ -265,6 +283,7 @@ class DownloadManager:
             job = Job(info, loop, owned=True, register=record["register"])
             job.plan = record["plan"]
             job.restored(record["status"], record["error"], record["finished_at"], on_disk)
+            job.requested_by = record["requested_by"]
             self._jobs[job_id] = job
             restored += 1
         if restored:
@@ -464,6 +483,10 @@ class DownloadManager:
         if "/" not in repo:
             raise InvalidArgument(f"checkpoint: expected 'owner/repo', got {checkpoint!r}")
         return list_variants(checkpoint, self.hub.listing(repo))
+
+
+def _visible(job: Job, user: str | None) -> bool:
+    return user is None or user in job.requested_by
 
 
 async def _all_done(jobs: list[Job]) -> None:

@@ -97,7 +97,17 @@ class SavedJobs:
             error = LemonkitError(str(saved["message"]), status=int(saved["status"]), code=code and str(code))
             error.type = str(saved.get("type") or error.type)
         plan = _plan_from(entry.get("plan"))
-        record = {"status": status, "register": register, "error": error, "finished_at": finished_at, "plan": plan}
+        requested_by = entry.get("requested_by") or []
+        if not isinstance(requested_by, list) or not all(isinstance(u, str) for u in requested_by):
+            raise TypeError("requested_by is not a list of user names")
+        record = {
+            "status": status,
+            "register": register,
+            "error": error,
+            "finished_at": finished_at,
+            "plan": plan,
+            "requested_by": set(requested_by),
+        }
         return info, record, self._on_disk(plan) if plan is not None else {}
 
     def _on_disk(self, plan: Plan) -> dict[str, Any]:

@@ -8,10 +8,13 @@ change is limited by :attr:`Caller.admin` and the per-user isolation the service
 
 from __future__ import annotations
 
+import logging
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-__all__ = ["OWNER", "Caller", "current"]
+from lemonkit.logs import StoreHandler
+
+__all__ = ["OWNER", "Caller", "CallerTag", "current", "tag_callers"]
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,32 @@ class Caller:
     scopes: frozenset[str] = field(default_factory=frozenset)
     shared: bool = False
 
+    @property
+    def own_only(self) -> str | None:
+        """Their name when they may see only their own requests, logs and jobs (a shared server's user who is
+        not an admin); ``None`` when they see everything."""
+        return self.name if self.shared and not self.admin else None
+
 
 #: the one user of a personal server
 OWNER = Caller("owner")
 
 #: the caller of the request being served (log records and jobs are tagged with it)
 current: ContextVar[Caller] = ContextVar("lemonkit_caller", default=OWNER)
+
+
+class CallerTag(logging.Filter):
+    """Tags each record with the shared server's user whose request it was logged for (``lemonkit_user``, which
+    the log store keeps so that ``/logs/stream`` shows such a user only their own)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        who = current.get()
+        record.lemonkit_user = who.name if who.shared else None
+        return True
+
+
+def tag_callers(logger_name: str = "lemonkit") -> None:
+    """Put :class:`CallerTag` (once) on the log store's handlers of ``logger_name``."""
+    for handler in logging.getLogger(logger_name).handlers:
+        if isinstance(handler, StoreHandler) and not any(isinstance(f, CallerTag) for f in handler.filters):
+            handler.addFilter(CallerTag())

@@ -37,15 +37,14 @@ class PullHandler(LemonkitHandler):
     schema = "pull"
 
     async def post(self) -> None:
+        self.require_admin("pulling or registering a model")
         body = self.json_body()
-        if body.get("recipe") == REMOTE:
-            self.require_admin("registering a remote model (the server sends requests to its URL)")
         await self.service.downloads.restore()  # a restored job may hold the registration to resume
         info, row = await asyncio.to_thread(self._target, body)
         downloads = self.service.downloads
         stream = bool(body.get("stream"))
         subscribe = body.get("subscribe") is not False
-        job = await downloads.pull(info, owned=stream and not subscribe, register=row)
+        job = await downloads.pull(info, owned=stream and not subscribe, register=row, by=self.caller.name)
         if stream and not subscribe:
             self.write_json(job.snapshot())
             return
@@ -153,21 +152,26 @@ class PullHandler(LemonkitHandler):
 
 
 class DownloadsHandler(LemonkitHandler):
-    """``GET /v1/downloads``: the server-owned jobs, those a previous server left included."""
+    """``GET /v1/downloads``: the server-owned jobs, those a previous server left included; a shared server's
+    user sees only the jobs of models they asked for (its admins see all)."""
 
     async def get(self) -> None:
         await self.service.downloads.restore()
-        self.write_json([job.snapshot() for job in self.service.downloads.jobs()])
+        jobs = self.service.downloads.jobs(visible_to=self.caller.own_only)
+        self.write_json([job.snapshot() for job in jobs])
 
 
 class DownloadsControlHandler(LemonkitHandler):
-    """``POST /v1/downloads/control``: ``pause``, ``cancel`` or ``remove`` a job."""
+    """``POST /v1/downloads/control``: ``pause``, ``cancel`` or ``remove`` a job (on a shared server, one of a
+    model the caller asked for, unless they are an admin)."""
 
     schema = "downloads/control"
 
     async def post(self) -> None:
+        self.require_admin("pausing, cancelling or removing a download")
         body = self.json_body()
-        self.write_json(await self.service.downloads.control(body["id"], body["action"]))
+        downloads = self.service.downloads
+        self.write_json(await downloads.control(body["id"], body["action"], visible_to=self.caller.own_only))
 
 
 class VariantsHandler(LemonkitHandler):
@@ -192,6 +196,7 @@ class DeleteHandler(LemonkitHandler):
     schema = "delete"
 
     async def post(self) -> None:
+        self.require_admin("deleting a model")
         body = self.json_body()
         service = self.service
         info = await service.lookup(body["model_name"])

@@ -16,7 +16,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web, websocket
 from traitlets import Int, List, Unicode, default
 
-from lemonkit.config import LiveLimits, RemoteSettings, Settings
+from lemonkit.config import LiveLimits, RemoteSettings, Settings, UserLimits
 from lemonkit.errors import Unauthorized
 from lemonkit.server import routes
 from lemonkit.server.service import SETTINGS_KEY, Service
@@ -81,6 +81,10 @@ class LemonkitExtension(ExtensionApp):
     live_max_chunk_bytes = Int(None, allow_none=True, help="Largest chunk of a live body (more than 0)").tag(
         config=True
     )
+    # per-user limits of the model requests (0: none); None: $LEMONKIT_USER_..., else 0
+    user_max_active = Int(None, allow_none=True, help="A user's model requests under way at once").tag(config=True)
+    user_max_queued = Int(None, allow_none=True, help="A user's model requests waiting for a turn").tag(config=True)
+    user_rate = Int(None, allow_none=True, help="A user's model requests per minute").tag(config=True)
 
     # the remote recipe: None -> $LEMONKIT_REMOTE_ALLOWED_HOSTS, else any host (a personal server)
     remote_allowed_hosts = List(
@@ -119,6 +123,7 @@ class LemonkitExtension(ExtensionApp):
             pip_command=tuple(self.pip_command),
             live_limits=LiveLimits.from_env(**{name: getattr(self, "live_" + name) for name in LiveLimits.ENV}),
             remote=self._remote_settings(),
+            user_limits=UserLimits.from_env(**{name: getattr(self, "user_" + name) for name in UserLimits.ENV}),
         )
         settings.api_key = None  # Jupyter's own auth guards every route
         self.service = Service(settings)

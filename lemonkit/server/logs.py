@@ -39,6 +39,8 @@ def _parse(message: str | bytes) -> int | None:
 
 
 class LogStreamHandler(LemonkitWebSocket):
+    """A shared server's user who is not an admin sees only the records logged for their own requests."""
+
     _sender: asyncio.Task[None] | None = None
 
     def on_message(self, message: str | bytes) -> None:
@@ -57,13 +59,14 @@ class LogStreamHandler(LemonkitWebSocket):
 
     async def _send(self, after_seq: int | None) -> None:
         wake = STORE.watch()  # before reading the store: an entry added in between still wakes us
+        only_of = self.caller.own_only
         try:
-            entries, last = STORE.since(after_seq)
+            entries, last = STORE.since(after_seq, only_of=only_of)
             await self.write_message('{"type": "logs.snapshot", "entries": [' + ", ".join(entries) + "]}")
             while True:
                 await wake.wait()
                 wake.clear()
-                entries, last = STORE.since(last)
+                entries, last = STORE.since(last, only_of=only_of)
                 for entry in entries:
                     await self.write_message('{"type": "logs.entry", "entry": ' + entry + "}")
         except WebSocketClosedError:

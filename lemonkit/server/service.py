@@ -8,9 +8,11 @@ from lemonkit import logs
 from lemonkit.catalog import SupportPolicy
 from lemonkit.config import Settings
 from lemonkit.downloads import DownloadManager
+from lemonkit.errors import AdminRequired
 from lemonkit.installer import Installer
 from lemonkit.manager import ModelManager
 from lemonkit.registry import ModelInfo, Registry
+from lemonkit.server.caller import current, tag_callers
 
 __all__ = ["SETTINGS_KEY", "Service"]
 
@@ -31,9 +33,10 @@ class Service:
         self.registry = Registry(self.settings.cache_dir)
         self.support = SupportPolicy(self.settings.recipes)
         self.downloads = DownloadManager(self.settings, self.registry)
-        self.manager = ModelManager(self.settings, self.registry, install=self.downloads.install)
+        self.manager = ModelManager(self.settings, self.registry, install=self.install)
         self.installer = Installer(self.settings, self.manager)
         logs.install()  # the log stream starts with the server
+        tag_callers()  # records a shared server's user may see are theirs
 
     async def lookup(self, name: str) -> ModelInfo:
         """``registry.get`` off the event loop: it stats (and may re-read) user_models.json, which another
@@ -53,6 +56,22 @@ class Service:
         """
         info = await self.lookup(name)
         return await asyncio.to_thread(self.support.require, info, self.registry)
+
+    async def install(self, models: list[ModelInfo]) -> None:
+        """Download ``models`` that a load or a first use needs: the one check of every model route that only a
+        shared server's admins may start a download (see :class:`~lemonkit.server.caller.Caller`).
+
+        Raises:
+            AdminRequired: A shared server's user who is not an admin (before any download starts).
+            LemonkitError: The download failed.
+        """
+        if models and not current.get().admin:
+            names = ", ".join(m.id for m in models)
+            raise AdminRequired(
+                f"{names} is not downloaded on this shared server, and only its admins may download models: "
+                "ask one to pull it"
+            )
+        await self.downloads.install(models, by=current.get().name)  # who asked sees the job
 
     async def close(self) -> None:
         await self.downloads.close()

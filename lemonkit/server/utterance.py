@@ -69,9 +69,8 @@ class SidecarTranscriber:
         self.handler, self.model, self.options = handler, model, dict(options or {})
 
     def busy(self) -> bool:
-        """Whether the model is loaded and serving a request now."""
-        loaded = self.handler.service.manager.loaded(self.model)
-        return loaded is not None and loaded.active > 0
+        """Whether the model is serving a request now, or has requests waiting for their turn."""
+        return self.handler.service.manager.busy(self.model)
 
     async def __call__(self, samples: np.ndarray, sample_rate: int) -> str:
         """The text of ``samples``.
@@ -81,7 +80,8 @@ class SidecarTranscriber:
         """
         wav = await asyncio.to_thread(wav_bytes, samples, sample_rate)
         body = {**self.options, "model": self.model, "word_timestamps": False, "stream": False}
-        async with self.handler.service.manager.use(self.model) as model:
+        # one turn per utterance, so a long session never holds the model; the session's start paid its rate
+        async with self.handler.service.manager.use(self.model, metered=False) as model:
             result = await self.handler.sidecar_json(
                 model, SIDECAR_PATH, body, files=[Upload("audio.wav", wav, "audio/wav")]
             )
