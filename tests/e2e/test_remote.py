@@ -52,10 +52,14 @@ def upstream_lemonkit() -> Iterator[Standalone]:
 
 @pytest.fixture(scope="module")
 def front() -> Iterator[Standalone]:
-    """The lemonkit under test for keys and policies: only 127.0.0.1 may be named; ``UPSTREAM_KEY`` holds the key."""
+    """The lemonkit under test for keys and policies: only 127.0.0.1 may be named; the upstream's key is in its
+    environment (``UPSTREAM_KEY``) and in its secrets file (``FILE_KEY``)."""
     cache = tempfile.mkdtemp(prefix="lemonkit-front-")
+    secrets = Path(cache, "secrets.env")
+    secrets.write_text(f"# keys of remote upstreams\nFILE_KEY={UPSTREAM_KEY}\n")
+    secrets.chmod(0o600)
     env = {"LEMONADE_CACHE_DIR": cache, "LEMONADE_API_KEY": FRONT_KEY, "UPSTREAM_KEY": UPSTREAM_KEY}
-    server = Standalone(env, args=("--remote-allowed-hosts", "127.0.0.1"))
+    server = Standalone(env, args=("--remote-allowed-hosts", "127.0.0.1", "--secrets-file", str(secrets)))
     yield server
     server.stop()
 
@@ -180,13 +184,14 @@ async def test_python_api(front: Standalone, upstream: LlamaCppServer) -> None:
 
 
 async def test_remote_lemonkit_with_a_key(front: Standalone, upstream_lemonkit: Standalone) -> None:
-    """Another lemonkit upstream: chat and embeddings with the key from the front's environment, which never shows."""
+    """Another lemonkit upstream: chat (its key from the front's environment) and embeddings (from its secrets
+    file); the key never shows."""
     url = upstream_lemonkit.root + "api/v1"
     host = _front_host(front)
     async with host.client() as client:
         await _register(client, _remote("user.remote-lk-chat", DEFAULT_CHAT_MODEL, [url], api_key_env="UPSTREAM_KEY"))
         embed_body = _remote(
-            "user.remote-lk-embed", DEFAULT_EMBEDDING_MODEL, [url], api_key_env="UPSTREAM_KEY", labels=["embeddings"]
+            "user.remote-lk-embed", DEFAULT_EMBEDDING_MODEL, [url], api_key_env="FILE_KEY", labels=["embeddings"]
         )
         await _register(client, embed_body)
         try:
