@@ -184,6 +184,10 @@ def test_keys_come_from_the_environment_or_the_secrets_file(tmp_path: Path, monk
     with pytest.raises(ModelLoadError) as missing:
         read_key("NO_SUCH_KEY_VAR", RemoteSettings(secrets_file=as_json))
     assert "NO_SUCH_KEY_VAR" in missing.value.message and "from-" not in missing.value.message
+    monkeypatch.setenv("VLLM_KEY", "sk-secret\r\nX-Injected: 1")
+    with pytest.raises(ModelLoadError) as unsafe:
+        read_key("VLLM_KEY", RemoteSettings())
+    assert "VLLM_KEY" in unsafe.value.message and "sk-secret" not in unsafe.value.message
 
 
 @pytest.mark.parametrize(

@@ -132,23 +132,23 @@ def read_api_key(name: str, settings: RemoteSettings) -> str:
     Blocking (it may read the secrets file): call it in a thread.
 
     Raises:
-        ModelLoadError: Neither holds it, or the secrets file is unreadable (the message never holds a key).
+        ModelLoadError: Neither holds it, the secrets file is unreadable, or the key cannot travel in a header (the
+            message never holds a key).
     """
-    value = os.environ.get(name)
-    if value:
-        return value
+    value = (os.environ.get(name) or "").strip()
     path = settings.secrets_file
-    if path is not None:
+    if not value and path is not None:
         try:
-            value = _read_secrets(path).get(name)
+            value = (_read_secrets(path).get(name) or "").strip()
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"The secrets file {path} is unreadable ({type(exc).__name__}); fix it") from None
-        if value:
-            return value
-    where = (
-        f"nor in the secrets file {path}" if path is not None else "and no secrets file is set (LEMONKIT_SECRETS_FILE)"
-    )
-    raise ModelLoadError(f"api_key_env: {name} is not set in the server's environment {where}")
+    if not value:
+        where = f"nor in the secrets file {path}" if path is not None else "and no secrets file is set"
+        raise ModelLoadError(f"api_key_env: {name} is not set in the server's environment {where}")
+    # a header refused later would quote the key in its error: refuse it here, without quoting it
+    if not (value.isascii() and value.isprintable()):
+        raise ModelLoadError(f"api_key_env: the key in {name} holds characters an HTTP header cannot carry")
+    return value
 
 
 # -- endpoints and their errors -----------------------------------------------------------------------------------
