@@ -142,11 +142,16 @@ async def test_register_list_chat_stream_and_errors(host: Host, upstream: LlamaC
             provenance = json.loads(response.headers["X-Lemonkit-Provenance"])
             assert (provenance["model"], provenance["recipe"], provenance["engine"]) == (name, "remote", "remote")
 
+            completion = await client.post("completions", json={"model": name, "prompt": "One, two,", "max_tokens": 4})
+            assert completion.status_code == 200 and completion.json()["choices"][0]["text"]
+            reply = await client.post("responses", json={"model": name, "input": "Say hello.", "max_output_tokens": 8})
+            assert reply.status_code == 200 and reply.json()["output"][-1]["content"][0]["text"].strip()
+
             health = (await client.get("health")).json()
             assert {m["model_name"] for m in health["all_models_loaded"]} == {TINY, name}
             endpoints = _endpoints(health, name)
             assert [(e["url"], e["state"]) for e in endpoints] == [(upstream.url, "ok")]
-            assert endpoints[0]["requests"] == 4
+            assert endpoints[0]["requests"] == 6
         finally:
             await _delete(client, name)
         assert name not in [m["id"] for m in (await client.get("models")).json()["data"]]
