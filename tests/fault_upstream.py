@@ -2,8 +2,8 @@
 
 ``{root}/{mode}/v1/...``: ``ok`` echoes what it got (and lists ``up-model``), ``stream`` streams three events,
 ``e500``/``e503`` fail, ``vllm``/``ollama``/``auth`` answer those servers' error shapes, ``close`` hangs up before
-answering, ``hang`` answers only when released, ``cut`` hangs up after one streamed event; ``nolist`` and ``cut``
-have no model list (404).
+answering, ``hang`` answers only when released, ``cut`` hangs up after one streamed event, ``drip`` streams one
+event and waits to be released; ``nolist``, ``cut`` and ``drip`` have no model list (404).
 """
 
 from __future__ import annotations
@@ -25,18 +25,23 @@ class Seen:
     """What the upstream received."""
 
     requests: list[dict[str, Any]] = field(default_factory=list)
-    #: ``hang`` answers once this is set (at the latest when the upstream stops)
+    #: ``hang`` answers, and ``drip`` ends its stream, once this is set (at the latest when the upstream stops)
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    #: set when a client closed its connection while its request was being answered
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class _Route(web.RequestHandler):
     def initialize(self, seen: Seen) -> None:
         self.seen = seen
 
+    def on_connection_close(self) -> None:
+        self.seen.closed.set()
+
     def get(self, mode: str, rest: str) -> None:
         if mode == "ok" and rest == "models":
             self.write({"object": "list", "data": [{"id": "up-model"}]})
-        elif mode in ("nolist", "cut"):
+        elif mode in ("nolist", "cut", "drip"):
             self.set_status(404)
             self.finish("not here")
         else:
@@ -76,6 +81,13 @@ class _Route(web.RequestHandler):
             self.write({"late": True})
         elif mode == "close":
             self.request.connection.stream.close()  # hang up before answering anything
+        elif mode == "drip":
+            self.set_header("Content-Type", "text/event-stream")
+            chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "Hel"}}]}
+            self.write(f"data: {json.dumps(chunk)}\n\n")
+            await self.flush()
+            await self.seen.release.wait()
+            self.write("data: [DONE]\n\n")
         elif mode == "cut":
             self.set_header("Content-Type", "text/event-stream")
             chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "Hel"}}]}

@@ -340,3 +340,20 @@ async def test_jupyter_traitlet_limits_hosts(jupyter_host: Host) -> None:
         refused = await client.post("pull", json=_remote("user.remote-far", "m", ["http://localhost:8000/v1"]))
         assert refused.status_code == 403 and refused.json()["error"]["code"] == "remote_host_not_allowed"
         assert "LemonkitExtension.remote_allowed_hosts" in refused.json()["error"]["message"]
+
+
+async def test_a_client_that_leaves_closes_the_upstream_request(front: Standalone) -> None:
+    name = "user.remote-drip"
+    async with fault_upstream() as (root, seen), _front_host(front).client() as client:
+        await _register(client, _remote(name, "up-model", [f"{root}/drip/v1"]))
+        try:
+            body = {"model": name, "messages": HELLO, "stream": True}
+            async with client.stream("POST", "chat/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        break  # the first event arrived: leave mid-stream
+            async with asyncio.timeout(60):  # a bound on a hang, not a wait for time to pass
+                await seen.closed.wait()
+            assert not seen.release.is_set() and len(seen.requests) == 1
+        finally:
+            await _delete(client, name)
