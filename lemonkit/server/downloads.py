@@ -41,6 +41,8 @@ class PullHandler(LemonkitHandler):
         body = self.json_body()
         await self.service.downloads.restore()  # a restored job may hold the registration to resume
         info, row = await asyncio.to_thread(self._target, body)
+        if row is not None and info.remote is not None and self.service.manager.loaded(info.id) is not None:
+            await self.service.manager.unload(info.id)  # re-registered: its next use reaches the new upstreams
         downloads = self.service.downloads
         stream = bool(body.get("stream"))
         subscribe = body.get("subscribe") is not False

@@ -152,6 +152,16 @@ async def test_register_list_chat_stream_and_errors(host: Host, upstream: LlamaC
             endpoints = _endpoints(health, name)
             assert [(e["url"], e["state"]) for e in endpoints] == [(upstream.url, "ok")]
             assert endpoints[0]["requests"] == 6
+
+            # registering it again (another spelling of the same upstream added) unloads it; its next use has both
+            urls = [upstream.url, upstream.url.replace("127.0.0.1", "127.0.0.1.")]
+            await _register(client, _remote(name, MODEL_ID, urls))
+            assert name not in [m["model_name"] for m in (await client.get("health")).json()["all_models_loaded"]]
+            assert (
+                await client.post("chat/completions", json={"model": name, "messages": HELLO, "max_tokens": 2})
+            ).status_code == 200
+            endpoints = _endpoints((await client.get("health")).json(), name)
+            assert [e["url"] for e in endpoints] == urls
         finally:
             await _delete(client, name)
         assert name not in [m["id"] for m in (await client.get("models")).json()["data"]]
