@@ -33,6 +33,13 @@ def add_parsers(sub: Any) -> None:
     pull.add_argument("--mmproj", help="the vision projector file in the checkpoint's repo")
     for flag in ("reasoning", "vision", "embedding", "reranking"):
         pull.add_argument(f"--{flag}", action="store_true")
+    pull.add_argument(
+        "--remote-url",
+        action="append",
+        metavar="URL",
+        help="register MODEL as served by this OpenAI base URL (recipe remote; repeat for several)",
+    )
+    pull.add_argument("--api-key-env", metavar="VAR", help="the server's variable holding the remote upstream's key")
     listing = sub.add_parser("list", help="models on the server")
     listing.add_argument("--all", action="store_true", help="also those not downloaded")
     sub.add_parser("delete", help="delete a model's files (and a user model's entry)").add_argument("model")
@@ -46,6 +53,12 @@ def add_parsers(sub: Any) -> None:
 def _pull(client: Client, args: argparse.Namespace) -> None:
     flags = {f: getattr(args, f) for f in ("reasoning", "vision", "embedding", "reranking")}
     registration = {"checkpoint": args.checkpoint, "recipe": args.recipe, "mmproj": args.mmproj, **flags}
+    urls = args.remote_url or []
+    registration.update(
+        remote_url=urls[0] if len(urls) == 1 else None,
+        remote_urls=urls if len(urls) > 1 else None,
+        api_key_env=args.api_key_env,
+    )
     model = pull(args.model, **registration, file=sys.stderr, client=client)
     print(f"Installed model: {model['id']}")
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from jupyter_server.base.handlers import APIHandler
@@ -14,7 +16,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web, websocket
 from traitlets import Int, List, Unicode, default
 
-from lemonkit.config import LiveLimits, Settings, UserLimits
+from lemonkit.config import LiveLimits, RemoteSettings, Settings, UserLimits
 from lemonkit.errors import Unauthorized
 from lemonkit.server import routes
 from lemonkit.server.service import SETTINGS_KEY, Service
@@ -84,6 +86,14 @@ class LemonkitExtension(ExtensionApp):
     user_max_queued = Int(None, allow_none=True, help="A user's model requests waiting for a turn").tag(config=True)
     user_rate = Int(None, allow_none=True, help="A user's model requests per minute").tag(config=True)
 
+    # the remote recipe: None -> $LEMONKIT_REMOTE_ALLOWED_HOSTS, else any host (a personal server)
+    remote_allowed_hosts = List(
+        Unicode(), default_value=None, allow_none=True, help="Hosts remote models may name ('.domain', '*')"
+    ).tag(config=True)
+    secrets_file = Unicode(help="JSON or dotenv file of upstream keys (default: $LEMONKIT_SECRETS_FILE)").tag(
+        config=True
+    )
+
     @default("cache_dir")
     def _cache_dir_default(self) -> str:
         return str(Settings().cache_dir)
@@ -105,8 +115,6 @@ class LemonkitExtension(ExtensionApp):
         return list(Settings().pip_command)
 
     def initialize_settings(self) -> None:
-        from pathlib import Path
-
         settings = Settings(
             cache_dir=Path(self.cache_dir),
             max_loaded_models=self.max_loaded_models,
@@ -114,11 +122,20 @@ class LemonkitExtension(ExtensionApp):
             recipes=load_recipes(self.recipes_file or None),
             pip_command=tuple(self.pip_command),
             live_limits=LiveLimits.from_env(**{name: getattr(self, "live_" + name) for name in LiveLimits.ENV}),
+            remote=self._remote_settings(),
             user_limits=UserLimits.from_env(**{name: getattr(self, "user_" + name) for name in UserLimits.ENV}),
         )
         settings.api_key = None  # Jupyter's own auth guards every route
         self.service = Service(settings)
         self.settings.update({SETTINGS_KEY: self.service})
+
+    def _remote_settings(self) -> RemoteSettings:
+        settings = RemoteSettings()
+        if self.remote_allowed_hosts is not None:
+            settings = dataclasses.replace(settings, allowed_hosts=tuple(self.remote_allowed_hosts))
+        if self.secrets_file:
+            settings = dataclasses.replace(settings, secrets_file=Path(self.secrets_file).expanduser())
+        return settings
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(routes.build("lemonkit/", JupyterHandler, JupyterWebSocketHandler))
