@@ -3,4 +3,5 @@ interpreter)."""
 
 from lemonkit.cli import main
 
-main()
+if __name__ == "__main__":  # importing every submodule (tests do) must not run the command
+    main()
