@@ -1,6 +1,8 @@
 """The ``lemonkit`` command.
 
 - ``lemonkit serve [--host H] [--port P] [--load MODEL]``: the standalone server.
+- ``lemonkit serve --jupyterhub-service``: the same API as a JupyterHub managed service, shared by the hub's users
+  (see :mod:`lemonkit.server.hub`).
 - ``lemonkit run [MODEL]``: serve, load the model (the bundled chat default, offline), answer one question, keep
   serving. A model with a chat template answers through ``/v1/chat/completions``; a base model (no template, like
   the bundled Gemma 270M) through a Q/A ``/v1/completions`` prompt.
@@ -99,6 +101,19 @@ def _parser() -> argparse.ArgumentParser:
             )
     serve = sub.choices["serve"]
     serve.add_argument("--load", metavar="MODEL", help="load this model before serving")
+    serve.add_argument(
+        "--jupyterhub-service",
+        action="store_true",
+        help="serve as a JupyterHub managed service (c.JupyterHub.services): address and prefix from the hub's "
+        "JUPYTERHUB_SERVICE_URL and JUPYTERHUB_SERVICE_PREFIX, hub tokens and OAuth; --host, --port and the "
+        "browser options do not apply",
+    )
+    serve.add_argument(
+        "--hub-admin-scope",
+        metavar="SCOPE",
+        help="with --jupyterhub-service: the hub scope that makes a user an admin of the service (hub admins "
+        "always are); default $LEMONKIT_HUB_ADMIN_SCOPE, else custom:lemonkit:admin",
+    )
     # lemonkit.client's embedded server: announces its port on stdout, exits when its stdin closes
     serve.add_argument("--embedded", action="store_true", help=argparse.SUPPRESS)
     run = sub.choices["run"]
@@ -179,6 +194,12 @@ def _serve(args: argparse.Namespace) -> int:
     limits = LiveLimits.from_env(**{name: getattr(args, "live_" + name) for name in LiveLimits.ENV})
     settings = Settings(live_limits=limits)
     browsers = {"allowed_hosts": args.allowed_hosts, "allowed_origins": args.allowed_origins}
+    if args.command == "serve" and args.jupyterhub_service:
+        _configure_logging(args.log_level)
+        from lemonkit.server import hub
+
+        asyncio.run(hub.serve(hub.HubSettings.from_env(args.hub_admin_scope), settings, preload=args.load))
+        return 0
     if args.command == "serve":
         _configure_logging(args.log_level)
         announce = _announce if args.embedded else None

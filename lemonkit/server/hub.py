@@ -1,0 +1,209 @@
+"""The JupyterHub host: ``lemonkit serve --jupyterhub-service``, one server that many hub users share.
+
+The hub starts it as a managed service (``c.JupyterHub.services``) and gives it its environment:
+``JUPYTERHUB_SERVICE_URL`` (where to listen), ``JUPYTERHUB_SERVICE_PREFIX`` (where the hub's proxy mounts it,
+``/services/lemonkit/``), ``JUPYTERHUB_API_URL``, ``JUPYTERHUB_API_TOKEN``, ``JUPYTERHUB_CLIENT_ID`` and
+``JUPYTERHUB_SERVICE_NAME``, which jupyterhub's own :class:`~jupyterhub.services.auth.HubOAuth` reads.
+
+Who may call it: a hub token (``Authorization: token|Bearer <t>``, ``?token=`` on WebSockets) or, for browsers,
+the OAuth cookie this service sets at ``<prefix>oauth_callback``; its scopes must include
+``access:services!service=<name>``. Admins of the service (hub admins, or holders of the configured admin scope,
+e.g. ``custom:lemonkit:admin``) may change what every user shares.
+
+Browser pages of other origins: cookie-authenticated requests that change anything need jupyterhub's XSRF token
+(the library refuses the cookie otherwise), and a cross-origin ``Origin`` with a cookie is refused outright; no
+CORS headers are ever sent. A token-authenticated request carries its own credential and is not origin-checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated, UserNotAllowed
+from tornado import web, websocket
+from tornado.httpserver import HTTPServer
+
+from lemonkit.config import Settings
+from lemonkit.errors import Forbidden, ForbiddenOrigin, Unauthorized
+from lemonkit.logs import redact_logs
+from lemonkit.server import routes
+from lemonkit.server.base import LemonkitHandler
+from lemonkit.server.caller import Caller
+from lemonkit.server.service import SETTINGS_KEY, Service
+
+__all__ = [
+    "DEFAULT_ADMIN_SCOPE",
+    "HubHandler",
+    "HubSettings",
+    "HubWebSocketHandler",
+    "make_app",
+    "serve",
+]
+
+log = logging.getLogger("lemonkit.server")
+
+#: the custom scope that makes a hub user an admin of this service (besides hub admins)
+DEFAULT_ADMIN_SCOPE = "custom:lemonkit:admin"
+#: key of the :class:`HubSettings` in ``tornado.web.Application.settings``
+HUB_KEY = "lemonkit_hub"
+
+if TYPE_CHECKING:
+    _HandlerBase = web.RequestHandler
+else:
+    _HandlerBase = object  # joined to a Tornado handler class by each host base below
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    """What the hub host needs beyond :class:`~lemonkit.config.Settings`.
+
+    Args:
+        prefix: Where the hub's proxy mounts the service (``JUPYTERHUB_SERVICE_PREFIX``), ending in ``/``.
+        admin_scope: The hub scope that makes a user an admin of this service (``LEMONKIT_HUB_ADMIN_SCOPE``,
+            ``--hub-admin-scope``; default :data:`DEFAULT_ADMIN_SCOPE`); hub admins always are.
+        host: The interface to listen on (from ``JUPYTERHUB_SERVICE_URL``).
+        port: The port to listen on (from ``JUPYTERHUB_SERVICE_URL``).
+    """
+
+    prefix: str
+    admin_scope: str
+    host: str
+    port: int
+
+    @classmethod
+    def from_env(cls, admin_scope: str | None = None) -> HubSettings:
+        """The settings the hub gave this service in its environment.
+
+        Args:
+            admin_scope: The admin scope (``None``: ``$LEMONKIT_HUB_ADMIN_SCOPE``, else the default).
+
+        Raises:
+            ValueError: The hub's variables are missing (not started by a hub) or malformed.
+        """
+        missing = [v for v in ("JUPYTERHUB_SERVICE_URL", "JUPYTERHUB_API_TOKEN") if not os.environ.get(v)]
+        if missing:
+            raise ValueError(
+                f"--jupyterhub-service needs the environment a JupyterHub gives its managed services "
+                f"(missing {', '.join(missing)}); add lemonkit to c.JupyterHub.services (see docs/jupyterhub.md)"
+            )
+        url = urlsplit(os.environ["JUPYTERHUB_SERVICE_URL"])
+        if url.scheme != "http" or not url.hostname or url.port is None:
+            raise ValueError(f"JUPYTERHUB_SERVICE_URL must be http://host:port, got {url.geturl()!r}")
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX") or "/services/lemonkit/"
+        scope = admin_scope or os.environ.get("LEMONKIT_HUB_ADMIN_SCOPE", "").strip() or DEFAULT_ADMIN_SCOPE
+        return cls(prefix=prefix.rstrip("/") + "/", admin_scope=scope, host=url.hostname, port=url.port)
+
+
+class _HubGuard(HubOAuthenticated, _HandlerBase):
+    """Authentication and authorisation both hub bases share, through jupyterhub's :class:`HubOAuthenticated`."""
+
+    async def prepare(self) -> None:
+        if not getattr(self, "auth_required", True):
+            return
+        user = await self.hub_auth.get_user(self, sync=False)  # token first, then the OAuth cookie (with XSRF)
+        if user is None:
+            if self._wants_login_page():
+                self.redirect(self.get_login_url())
+                return
+            raise Unauthorized(
+                "Hub credentials are required: send 'Authorization: token <your JupyterHub API token>' "
+                "(or Bearer), or log in through the hub in a browser"
+            )
+        try:
+            self.check_hub_user(user)
+        except UserNotAllowed:
+            raise Forbidden(
+                f"Hub {user.get('kind', 'user')} {user.get('name')!r} may not use this service: the token "
+                f"needs the scope {' or '.join(sorted(self.hub_scopes or ()))}"
+            ) from None
+        self._check_cookie_origin()
+        self._hub_auth_user_cache = user  # current_user, without HubAuthenticated's blocking lookup
+        admin_scope = self.settings[HUB_KEY].admin_scope
+        scopes = frozenset(user.get("scopes") or ())
+        admin = bool(user.get("admin")) or admin_scope in scopes
+        self.set_caller(Caller(str(user["name"]), admin=admin, scopes=scopes, shared=True))
+
+    def _wants_login_page(self) -> bool:
+        """A browser navigating here (a GET asking for HTML) is sent to the hub's login, like any hub page."""
+        accept = self.request.headers.get("Accept", "")
+        return self.request.method in ("GET", "HEAD") and "text/html" in accept
+
+    def _check_cookie_origin(self) -> None:
+        """A page of another origin must not use the user's cookie, even for reads (the answer is theirs)."""
+        if getattr(self, "_token_authenticated", False):
+            return
+        origin = self.request.headers.get("Origin")
+        if origin is None:
+            return
+        parts = urlsplit(origin)
+        if parts.netloc.lower() != self.request.host.lower():
+            raise ForbiddenOrigin(f"A page of {origin} may not use a hub login cookie here")
+
+
+class HubHandler(_HubGuard, web.RequestHandler):
+    """Host base: hub token or OAuth cookie with the service's access scope on every route but ``/live``."""
+
+
+class HubWebSocketHandler(_HubGuard, websocket.WebSocketHandler):
+    """Host base of the WebSocket routes: the same checks in ``prepare``, so a refused client gets a JSON 401 or
+    403 and no upgrade. A token may come as ``?token=`` (jupyterhub reads it on WebSocket requests)."""
+
+    def _wants_login_page(self) -> bool:
+        return False
+
+
+class _OAuthCallback(LemonkitHandler, HubOAuthCallbackHandler):
+    """jupyterhub's own OAuth callback (``<prefix>oauth_callback``); its errors are JSON like every answer."""
+
+
+def make_app(service: Service, hub: HubSettings) -> web.Application:
+    """The Tornado application serving every lemonkit route under the hub's prefix.
+
+    Args:
+        service: The server's state.
+        hub: The hub host's settings.
+    """
+    rules: list[tuple[str, type[Any]]] = [(f"{hub.prefix}oauth_callback", _OAuthCallback)]
+    rules += routes.build(hub.prefix, HubHandler, HubWebSocketHandler)
+    settings: dict[str, Any] = {
+        SETTINGS_KEY: service,
+        HUB_KEY: hub,
+        "cookie_secret": os.urandom(32),  # signs the OAuth state and token cookies of this process
+        "websocket_ping_interval": 30,
+        "default_handler_class": rules[-1][1],
+    }
+    return web.Application(rules, **settings)
+
+
+async def serve(hub: HubSettings, settings: Settings | None = None, *, preload: str | None = None) -> None:
+    """Serve as the hub's managed service until SIGINT/SIGTERM, then unload every model.
+
+    Args:
+        hub: Where to listen and what the prefix and admin scope are.
+        settings: Deployment settings (defaults from the environment).
+        preload: A model to load before serving.
+    """
+    redact_logs()  # ?token= must not reach a log line
+    HubOAuth.instance()  # reads the hub's variables now: a misconfigured service fails at start, not per request
+    service = Service(settings)
+    service.settings.api_key = None  # the hub's tokens guard every route
+    server = HTTPServer(make_app(service, hub), xheaders=True)  # the hub's proxy sets X-Forwarded-*
+    server.listen(hub.port, address=hub.host)
+    if preload:
+        await service.manager.load((await service.usable(preload)).id)
+    log.info("lemonkit serving as a JupyterHub service on http://%s:%s%s", hub.host, hub.port, hub.prefix)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        server.stop()
+        await service.close()
