@@ -99,6 +99,7 @@ class JupyterHub:
         environment: More environment variables for the service (``LEMONKIT_*`` settings, ``HF_ENDPOINT``...).
         service_args: More ``lemonkit serve`` arguments (``--load MODEL``, ``--hub-admin-scope S``...).
         timeout: Seconds the hub and its service may take to answer through the proxy.
+        extra_config: Python appended to ``jupyterhub_config.py`` (``c`` is the config), e.g. spawner settings.
 
     Raises:
         RuntimeError: The hub or the service did not come up (the message ends with their log).
@@ -110,6 +111,7 @@ class JupyterHub:
         environment: dict[str, str] | None = None,
         service_args: list[str] | tuple[str, ...] = (),
         timeout: float = 180,
+        extra_config: str = "",
     ) -> None:
         self.directory = directory
         self.cache_dir = directory / "lemonkit-cache"
@@ -142,7 +144,7 @@ class JupyterHub:
             "environment": service_env,
         }
         config = directory / "jupyterhub_config.py"
-        config.write_text(_CONFIG.format(settings=json.dumps(settings)))
+        config.write_text(_CONFIG.format(settings=json.dumps(settings)) + extra_config)
         with self._log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "jupyterhub", "-f", str(config)],
