@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from conftest import HF_CACHE, TEST_REPO
 from websockets.sync.client import connect
 
 from lemonkit import client as client_module
@@ -29,6 +30,8 @@ pytestmark = [pytest.mark.hub, pytest.mark.slow]
 #: a model registered only in the service's cache: seen through alice's server, it can only come from the service
 SERVICE_ONLY = "only-on-service"
 READ_SCOPE = f"read:services!service={SERVICE}"
+#: the tests' tiny random model (tests/conftest.py), registered in the service's cache: it never stops by itself
+TINY_NAME = "tiny-llama"
 
 #: what a deployment adds for its users' kernels and single-user servers (the README's snippet says the same)
 _EXTRA_CONFIG = """
@@ -45,8 +48,11 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterHub]:
     directory = tmp_path_factory.mktemp("hub")
     cache = directory / "lemonkit-cache"
     cache.mkdir()
-    row = {"checkpoint": "nobody/nothing-GGUF:nothing.gguf", "recipe": "llamacpp", "labels": ["chat"]}
-    (cache / "user_models.json").write_text(json.dumps({SERVICE_ONLY: row}))
+    rows = {
+        SERVICE_ONLY: {"checkpoint": "nobody/nothing-GGUF:nothing.gguf", "recipe": "llamacpp", "labels": ["chat"]},
+        TINY_NAME: {"checkpoint": f"{TEST_REPO}:tiny-llama.gguf", "recipe": "llamacpp", "labels": ["chat"]},
+    }
+    (cache / "user_models.json").write_text(json.dumps(rows))
     environment = {
         "PATH": os.environ["PATH"],
         "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
@@ -54,7 +60,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterHub]:
         "LEMONKIT_FORWARD_TO_HUB": "1",
     }
     extra = _EXTRA_CONFIG.format(read=READ_SCOPE, access=ACCESS_SCOPE, environment=environment)
-    with JupyterHub(directory, extra_config=extra) as running:
+    with JupyterHub(directory, environment={"HF_HUB_CACHE": str(HF_CACHE)}, extra_config=extra) as running:
         yield running
 
 
@@ -155,6 +161,25 @@ def test_the_extension_streams_a_chat(hub: JupyterHub, alice: str) -> None:
     )
     pieces = [chunk.choices[0].delta.content for chunk in stream if chunk.choices and chunk.choices[0].delta.content]
     assert len(pieces) >= 2 and "".join(pieces).strip()
+
+
+async def test_a_client_that_leaves_stops_the_forwarded_generation(hub: JupyterHub, alice: str) -> None:
+    headers = hub.headers("alice")
+    chat = {"model": f"user.{TINY_NAME}", "messages": [{"role": "user", "content": "go"}], "temperature": 0}
+    async with httpx.AsyncClient(base_url=f"{alice}lemonkit/api/v1/", headers=headers, timeout=120) as forwarded:
+        loaded = await forwarded.post("load", json={"model_name": f"user.{TINY_NAME}", "ctx_size": 4096})
+        assert loaded.status_code == 200, loaded.text
+        async with forwarded.stream("POST", "chat/completions", json={**chat, "max_tokens": 4000, "stream": True}) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            lines = r.aiter_lines()
+            for _ in range(3):
+                await anext(lines)
+    # the engine serves one request at a time: this one starts only once the abandoned one has stopped
+    async with httpx.AsyncClient(base_url=f"{hub.api}/", headers=headers, timeout=120) as service:
+        async with service.stream("POST", "chat/completions", json={**chat, "max_tokens": 3000, "stream": True}) as r:
+            await anext(r.aiter_lines())
+            stats = (await service.get("stats")).json()
+    assert 0 < stats.get("output_tokens", 0) < 1000, stats  # the abandoned request stopped long before its 4000 tokens
 
 
 def test_the_extension_bridges_the_log_websocket(hub: JupyterHub, alice: str) -> None:
