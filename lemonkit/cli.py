@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from typing import Any
 from urllib.parse import quote
 
 from lemonkit import commands
-from lemonkit.config import DEFAULT_PORT, LiveLimits, Settings, default_chat_model
+from lemonkit.config import DEFAULT_PORT, LiveLimits, RemoteSettings, Settings, default_chat_model
 
 __all__ = ["DEMO_QUESTION", "chat_demo_body", "demo_body", "main"]
 
@@ -99,6 +100,17 @@ def _parser() -> argparse.ArgumentParser:
                 help=f"bound of /v1/audio/transcriptions/live's body (0: none); default ${env}, else "
                 f"{getattr(LiveLimits, name)}",
             )
+        cmd.add_argument(
+            "--remote-allowed-hosts",
+            metavar="NAMES",
+            help="hosts that remote models may name, comma-separated ('.example.com' for a domain, '*' for any); "
+            "default $LEMONKIT_REMOTE_ALLOWED_HOSTS, else any",
+        )
+        cmd.add_argument(
+            "--secrets-file",
+            metavar="PATH",
+            help="JSON or dotenv file of upstream keys for remote models' api_key_env; default $LEMONKIT_SECRETS_FILE",
+        )
     serve = sub.choices["serve"]
     serve.add_argument("--load", metavar="MODEL", help="load this model before serving")
     serve.add_argument(
@@ -188,11 +200,22 @@ def _announce(port: int) -> None:
     print(json.dumps({"port": port}), flush=True)
 
 
+def _remote_settings(args: argparse.Namespace) -> RemoteSettings:
+    """The remote recipe's settings: the environment's, with the flags given winning."""
+    settings = RemoteSettings()
+    if args.remote_allowed_hosts is not None:
+        hosts = tuple(h.strip() for h in args.remote_allowed_hosts.split(",") if h.strip())
+        settings = dataclasses.replace(settings, allowed_hosts=hosts)
+    if args.secrets_file:
+        settings = dataclasses.replace(settings, secrets_file=Path(args.secrets_file).expanduser())
+    return settings
+
+
 def _serve(args: argparse.Namespace) -> int:
     from lemonkit.server.standalone import serve
 
     limits = LiveLimits.from_env(**{name: getattr(args, "live_" + name) for name in LiveLimits.ENV})
-    settings = Settings(live_limits=limits)
+    settings = Settings(live_limits=limits, remote=_remote_settings(args))
     browsers = {"allowed_hosts": args.allowed_hosts, "allowed_origins": args.allowed_origins}
     if args.command == "serve" and args.jupyterhub_service:
         _configure_logging(args.log_level)

@@ -313,6 +313,9 @@ def pull_body(
     recipe: str = "llamacpp",
     mmproj: str | None = None,
     flags: dict[str, bool] | None = None,
+    remote_url: str | None = None,
+    remote_urls: list[str] | None = None,
+    api_key_env: str | None = None,
 ) -> dict[str, Any]:
     """The streaming ``/v1/pull`` body for ``model``.
 
@@ -325,14 +328,21 @@ def pull_body(
         recipe: The recipe of a registration.
         mmproj: The vision projector of a registration.
         flags: ``reasoning``/``vision``/``embedding``/``reranking`` of a registration.
+        remote_url: A ``remote`` registration's upstream OpenAI base URL (``http://host:8000/v1``).
+        remote_urls: Several upstreams of one ``remote`` model (balanced, with failover).
+        api_key_env: The server's environment variable (or secrets file entry) holding the upstream's key.
 
     Raises:
         InvalidArgument: ``owner/repo`` has no variant to pick.
     """
     flags = {k: v for k, v in (flags or {}).items() if v}
     body: dict[str, Any] = {"model_name": model, "stream": True}
+    remote = {"remote_url": remote_url, "remote_urls": remote_urls, "api_key_env": api_key_env}
+    if any(v is not None for v in remote.values()):
+        body.update({k: v for k, v in remote.items() if v is not None}, recipe="remote")
     if checkpoint:
-        return {**body, "checkpoint": checkpoint, "recipe": recipe, **({"mmproj": mmproj} if mmproj else {}), **flags}
+        body.setdefault("recipe", recipe)
+        return {**body, "checkpoint": checkpoint, **({"mmproj": mmproj} if mmproj else {}), **flags}
     if variants is None:
         return body
     if not variant:

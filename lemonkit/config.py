@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_TRANSCRIPTION_MODEL",
     "DEFAULT_UPSCALE_MODEL",
     "LiveLimits",
+    "RemoteSettings",
     "Settings",
     "default_chat_model",
     "default_embedding_model",
@@ -160,6 +161,37 @@ class LiveLimits:
         return cls(**values)
 
 
+def _env_list(name: str) -> tuple[str, ...] | None:
+    value = os.environ.get(name)
+    return None if value is None or not value.strip() else tuple(p.strip() for p in value.split(",") if p.strip())
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """What the ``remote`` recipe may reach, and where upstream keys come from.
+
+    Args:
+        allowed_hosts: Host names a remote model's URLs may name (``LEMONKIT_REMOTE_ALLOWED_HOSTS``, comma-separated;
+            ``lemonkit serve --remote-allowed-hosts``; ``LemonkitExtension.remote_allowed_hosts``). An entry
+            ``.example.com`` allows that domain and its subdomains, ``*`` any host. ``None`` (unset): any host, as
+            suits a personal server; an empty tuple allows none (remote models off).
+        secrets_file: A JSON object or dotenv file mapping ``api_key_env`` names to keys, read at load when the
+            variable is not in the server's environment (``LEMONKIT_SECRETS_FILE``, ``--secrets-file``).
+        timeout: Seconds an upstream may stay silent (no header, no chunk) before the request fails
+            (``LEMONKIT_REMOTE_TIMEOUT``).
+    """
+
+    allowed_hosts: tuple[str, ...] | None = field(default_factory=lambda: _env_list("LEMONKIT_REMOTE_ALLOWED_HOSTS"))
+    secrets_file: Path | None = field(
+        default_factory=lambda: (
+            Path(os.environ["LEMONKIT_SECRETS_FILE"]).expanduser()
+            if os.environ.get("LEMONKIT_SECRETS_FILE", "").strip()
+            else None
+        )
+    )
+    timeout: float = field(default_factory=lambda: float(os.environ.get("LEMONKIT_REMOTE_TIMEOUT") or 600))
+
+
 @dataclass
 class Settings:
     """Everything the model manager and the handlers need to know about the deployment.
@@ -183,6 +215,7 @@ class Settings:
         pip_command: The pip that ``/v1/install`` and ``/v1/uninstall`` run (``LEMONKIT_PIP``); it must manage
             the server's own environment, which is where backend states are read.
         live_limits: Bounds on the live transcription route's body.
+        remote: What ``remote`` models may reach (:class:`RemoteSettings`).
     """
 
     cache_dir: Path = field(default_factory=_default_cache_dir)
@@ -211,6 +244,7 @@ class Settings:
         default_factory=lambda: tuple(shlex.split(os.environ.get("LEMONKIT_PIP", ""))) or (sys.executable, "-m", "pip")
     )
     live_limits: LiveLimits = field(default_factory=LiveLimits.from_env)
+    remote: RemoteSettings = field(default_factory=RemoteSettings)
 
     def __post_init__(self) -> None:
         if self.llamacpp_args:

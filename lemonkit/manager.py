@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from lemonkit import logs
+from lemonkit.backends import remote
 from lemonkit.backends.base import LoadSpec
 from lemonkit.backends.transport import connect
 from lemonkit.config import Settings
@@ -43,11 +44,11 @@ MODEL_TYPES = ("llm", "embedding", "reranking", "transcription", "image", "tts")
 
 @dataclass(eq=False)
 class LoadedModel:
-    """A model resident in its sidecar process."""
+    """A model resident in its sidecar process, or served elsewhere (``remote``: no process, an ``upstream``)."""
 
     info: ModelInfo
-    process: asyncio.subprocess.Process
-    socket_path: str
+    process: asyncio.subprocess.Process | None
+    socket_path: str | None
     client: httpx.AsyncClient
     recipe_options: dict[str, Any]
     engine_info: dict[str, Any]
@@ -59,13 +60,22 @@ class LoadedModel:
     stderr_task: asyncio.Task[None] | None = None
     #: the main file the engine loaded (provenance: its commit and sha256)
     model_path: Path | None = None
+    #: a remote model's endpoints (its ``client`` forwards to them)
+    upstream: remote.Upstream | None = None
 
     @property
     def name(self) -> str:
         return self.info.id
 
     @property
+    def running(self) -> bool:
+        """Whether it can serve: its sidecar has not exited (a remote model's endpoints are tried per request)."""
+        return self.process is None or self.process.returncode is None
+
+    @property
     def backend_url(self) -> str:
+        if self.upstream is not None:
+            return self.upstream.endpoints[0].url
         return f"unix:{self.socket_path}"
 
     def health(self) -> dict[str, Any]:
@@ -76,9 +86,10 @@ class LoadedModel:
             "type": self.info.type,
             "device": self.engine_info.get("device", "cpu"),
             "recipe": self.info.recipe,
-            "pid": self.process.pid,
+            "pid": self.process.pid if self.process is not None else None,
             "recipe_options": self.reported_options(),
             "backend_url": self.backend_url,
+            **({"endpoints": self.upstream.health()} if self.upstream is not None else {}),
         }
 
     def reported_options(self) -> dict[str, Any]:
@@ -236,7 +247,7 @@ class ModelManager:
     async def use(self, name: str, *, ctx_size: int | None = None) -> AsyncIterator[LoadedModel]:
         """Hold ``name`` loaded for the duration of one request, loading it on first use."""
         model = self._loaded.get(name)
-        if model is None or model.process.returncode is not None:
+        if model is None or not model.running:
             await self._download(await asyncio.to_thread(self.registry.get, name), as_load_error=True)
             options = {"ctx_size": ctx_size} if ctx_size is not None else None
             model = await self.load(name, options, reload=False)
@@ -295,7 +306,7 @@ class ModelManager:
         if self._loaded.get(model.name) is model:
             del self._loaded[model.name]
             log.warning("sidecar for %s failed; it will be reloaded on next use", model.name)
-        if model.process.returncode is None:
+        if model.process is not None and model.process.returncode is None:
             model.process.kill()
         closing = asyncio.get_running_loop().create_task(model.client.aclose())
         self._background.add(closing)  # keep a reference until it is done
@@ -315,32 +326,59 @@ class ModelManager:
             if previous is not None:
                 await self._stop(previous, drain=True)
             await self._make_room(info)
-            files = await asyncio.to_thread(self.registry.resolve, info)
-            if info.recipe == "llamacpp":
-                await asyncio.to_thread(_check_gguf, files.main)
-            spec: LoadSpec = {
-                "model_name": info.id,
-                "recipe": info.recipe,
-                "type": info.type,
-                "model_path": str(files.main),
-                "mmproj_path": str(files.mmproj) if files.mmproj else None,
-                "chat_format": info.chat_format,
-                "options": options,
-            }
-            model = await self._spawn(info, spec, options)
+            model = await (self._connect(info) if info.remote is not None else self._start(info, options))
             model.pinned = pinned
-            model.model_path = files.main
             self._loaded[info.id] = model
             self._last_used = info.id
-            log.info("loaded %s (pid %s)", info.id, model.process.pid)
+            log.info("loaded %s (%s)", info.id, f"pid {model.process.pid}" if model.process else model.backend_url)
             return model
+
+    async def _start(self, info: ModelInfo, options: dict[str, Any]) -> LoadedModel:
+        files = await asyncio.to_thread(self.registry.resolve, info)
+        if info.recipe == "llamacpp":
+            await asyncio.to_thread(_check_gguf, files.main)
+        spec: LoadSpec = {
+            "model_name": info.id,
+            "recipe": info.recipe,
+            "type": info.type,
+            "model_path": str(files.main),
+            "mmproj_path": str(files.mmproj) if files.mmproj else None,
+            "chat_format": info.chat_format,
+            "options": options,
+        }
+        model = await self._spawn(info, spec, options)
+        model.model_path = files.main
+        return model
+
+    async def _connect(self, info: ModelInfo) -> LoadedModel:
+        """A remote model: its upstreams checked, nothing started."""
+        assert info.remote is not None
+        settings = self.settings.remote
+        key_env = info.remote.api_key_env
+        key = await asyncio.to_thread(remote.read_api_key, key_env, settings) if key_env else None
+        upstream = await remote.connect(info, settings, key)
+        model = LoadedModel(
+            info=info,
+            process=None,
+            socket_path=None,
+            client=upstream.client,
+            recipe_options={},
+            engine_info={"engine": "remote", "device": "remote"},
+            upstream=upstream,
+        )
+        model.idle.set()
+        return model
 
     async def _make_room(self, info: ModelInfo) -> None:
         limit = self.settings.max_loaded_models
-        if limit < 0:
-            return
+        if limit < 0 or info.remote is not None:
+            return  # a remote model holds no memory here: it neither takes a slot nor makes room
         # on-demand models (upscalers) have slots of their own: upscaling a generated image keeps its generator
-        same_type = [m for m in self._loaded.values() if (m.info.type, m.info.on_demand) == (info.type, info.on_demand)]
+        same_type = [
+            m
+            for m in self._loaded.values()
+            if (m.info.type, m.info.on_demand) == (info.type, info.on_demand) and m.upstream is None
+        ]
         while len(same_type) >= limit:
             candidates = [m for m in same_type if not m.pinned]
             if not candidates:
@@ -412,7 +450,7 @@ class ModelManager:
         if drain and model.active:
             await model.idle.wait()  # let requests in flight finish before the process goes
         process = model.process
-        if process.returncode is None:
+        if process is not None and process.returncode is None:
             assert process.stdin is not None
             process.stdin.close()  # the sidecar exits when its stdin closes
             try:
@@ -424,8 +462,9 @@ class ModelManager:
         if model.stderr_task is not None:
             await asyncio.wait([model.stderr_task], timeout=1)  # its last lines reach the log before "unloaded"
         await model.client.aclose()
-        with contextlib.suppress(OSError):
-            os.unlink(model.socket_path)
+        if model.socket_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(model.socket_path)
         log.info("unloaded %s", model.name)
 
 

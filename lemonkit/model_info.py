@@ -41,16 +41,22 @@ Catalog / ``user_models.json`` row schema (every key optional unless noted)::
         }
     }
 
+A ``remote`` row names a model another server serves: ``"checkpoint"`` is the upstream's model id (any string),
+``"remote_urls": ["http://host:8000/v1", ...]`` its OpenAI base URLs (balanced, with failover), and the optional
+``"api_key_env": "VAR"`` the server's environment variable (or secrets file entry) holding the upstream's key.
+
 Every checkpoint is checked before anything builds a path from it (:func:`lemonkit.hf_cache.check_checkpoint`): a
 variant or mmproj with ``..``, a leading ``/``, a backslash or NUL (even percent-encoded) makes the row invalid.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from lemonkit.errors import InvalidArgument
 from lemonkit.hf_cache import check_checkpoint, is_local, parse_checkpoint, safe_relpath
@@ -61,9 +67,12 @@ __all__ = [
     "LABEL_ALIASES",
     "ON_DEMAND",
     "RECIPES",
+    "REMOTE",
     "BundledInfo",
     "ModelInfo",
+    "RemoteInfo",
     "ResolvedFiles",
+    "check_remote_url",
     "labels_with_flags",
     "normalize_labels",
     "parse_row",
@@ -86,6 +95,8 @@ DEPLOYMENT_LABELS: dict[str, str] = {
 LABEL_ALIASES = {"embedding": "embeddings", "classifier": "classification"}
 
 COLLECTION_OMNI = "collection.omni"
+#: the recipe of a model served elsewhere, over an OpenAI-compatible API (see :class:`RemoteInfo`)
+REMOTE = "remote"
 #: the label of a model that runs only through its task's route (the upscalers): ``/v1/load`` refuses it, and it
 #: does not take a slot of its type from resident models (it competes only with other on-demand models)
 ON_DEMAND = "on-demand"
@@ -117,6 +128,8 @@ RECIPES: dict[str, tuple[str, frozenset[str]]] = {
     "onnxruntime": ("classification", frozenset({"classification", "embeddings"})),
     # a bundle of registered models (``components``), pulled and deleted as a unit; it has no checkpoint of its own
     COLLECTION_OMNI: ("chat", frozenset({"chat"})),
+    # a model another server serves (vLLM, SGLang, llama-server, Ollama, another lemonkit...): nothing downloads
+    REMOTE: ("chat", frozenset({"chat", "embeddings", "reranking"})),
 }
 #: recipes whose checkpoints are GGUF files picked by quant name
 
@@ -137,6 +150,18 @@ class BundledInfo:
     convert: str | None = None
     size_bytes: int | None = None
     sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class RemoteInfo:
+    """Where a ``remote`` model is served: the upstreams' OpenAI base URLs and where their key lives.
+
+    The key itself is never part of a row: ``api_key_env`` names an environment variable of the server (or an
+    entry of the operator's secrets file) that holds it.
+    """
+
+    urls: tuple[str, ...]
+    api_key_env: str | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +190,8 @@ class ModelInfo:
     #: an image model's own generation settings (``steps``, ``cfg_scale``, ``width``, ``height``): the defaults of
     #: its load options, under the row's ``recipe_options``
     image_defaults: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    #: a ``remote`` model's upstreams
+    remote: RemoteInfo | None = None
 
     @property
     def type(self) -> str:
@@ -338,6 +365,8 @@ def parse_row(model_id: str, row: Any, *, user: bool) -> ModelInfo:
         raise ValueError("missing 'recipe'")
     if recipe == COLLECTION_OMNI:
         return _parse_collection(model_id, row, user=user)
+    if recipe == REMOTE:
+        return _parse_remote(model_id, row, user=user)
     checkpoints: dict[str, str] = {}
     raw_checkpoints = row.get("checkpoints") or {}
     if not isinstance(raw_checkpoints, dict) or not all(isinstance(v, str) for v in raw_checkpoints.values()):
@@ -424,4 +453,67 @@ def _parse_collection(model_id: str, row: dict[str, Any], *, user: bool) -> Mode
         source=_optional(row, "source", str) or "huggingface",
         user=user,
         components=tuple(dict.fromkeys(components)),
+    )
+
+
+#: an environment variable name (``api_key_env``)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: the server's own credentials: a registration naming one would send it to whatever host the row names
+_SERVER_SECRETS = frozenset({"LEMONADE_API_KEY", "JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", "JUPYTER_TOKEN"})
+
+
+def check_remote_url(url: Any) -> str:
+    """A ``remote_url``: ``http(s)://host[:port][/path]`` with no credentials, query or fragment.
+
+    Returns:
+        The URL without a trailing ``/``.
+
+    Raises:
+        ValueError: It is not such a URL.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("a remote URL must be a non-empty string")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"remote URL {url!r} must be http:// or https:// with a host (e.g. http://host:8000/v1)")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"remote URL {url!r} carries credentials; name the key's variable in api_key_env instead")
+    if parts.query or parts.fragment:
+        raise ValueError(f"remote URL {url!r} must be a base URL, without a query or fragment")
+    try:
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError:
+        raise ValueError(f"remote URL {url!r} has an invalid port") from None
+    return url.strip().rstrip("/")
+
+
+def _parse_remote(model_id: str, row: dict[str, Any], *, user: bool) -> ModelInfo:
+    checkpoint = row.get("checkpoint")
+    if not isinstance(checkpoint, str) or not checkpoint.strip() or any(ord(c) < 32 for c in checkpoint):
+        raise ValueError("'checkpoint' must be the upstream's model id (a non-empty string)")
+    urls = row.get("remote_urls")
+    if not isinstance(urls, list) or not urls:
+        raise ValueError("'remote_urls' must be a non-empty list of the upstreams' base URLs")
+    key_env = row.get("api_key_env")
+    if key_env is not None and (not isinstance(key_env, str) or not _ENV_NAME.fullmatch(key_env)):
+        raise ValueError("'api_key_env' must name an environment variable (letters, digits, '_')")
+    if key_env in _SERVER_SECRETS:
+        raise ValueError(f"'api_key_env' may not name {key_env}, a credential of this server itself")
+    flags = {k: bool(row.get(k)) for k in ("reasoning", "vision", "embedding", "reranking")}
+    labels = labels_with_flags(row.get("labels") or [], **flags)
+    validate_labels(REMOTE, labels)
+    size = _optional(row, "size", (int, float))
+    return ModelInfo(
+        id=model_id,
+        checkpoint=checkpoint,
+        checkpoints={"main": checkpoint},
+        recipe=REMOTE,
+        labels=normalize_labels(REMOTE, labels),
+        size=float(size) if size is not None else None,
+        suggested=bool(row.get("suggested", False)),
+        source=REMOTE,
+        registry_source=REMOTE,
+        max_context_window=_optional(row, "max_context_window", int),
+        user=user,
+        remote=RemoteInfo(urls=tuple(dict.fromkeys(check_remote_url(u) for u in urls)), api_key_env=key_env),
     )

@@ -300,6 +300,8 @@ class Registry:
         Returns:
             ``{"type", "present", "required", "registry"[, "path"]}`` dicts, ``main`` first.
         """
+        if info.remote is not None:  # served elsewhere: nothing to download, so always "present"
+            return [{"type": "main", "present": True, "required": True, "registry": info.registry_source}]
         status = []
         for role, checkpoint in info.checkpoints.items():
             if info.bundled is not None and role == "main":
@@ -331,7 +333,9 @@ class Registry:
         Returns:
             ``{"name", "path", "role", "size_bytes", "exists"}`` dicts, ``main`` first.
         """
-        files = []
+        files: builtins.list[dict[str, Any]] = []
+        if info.remote is not None:
+            return files
         for role, checkpoint in info.checkpoints.items():
             found: Path | None
             if info.bundled is not None and role == "main":
@@ -360,6 +364,8 @@ class Registry:
         Raises:
             ModelLoadError: A required checkpoint is not on disk, or a bundled package fails to unpack.
         """
+        if info.remote is not None:
+            raise ModelLoadError(f"{info.target_id} is served remotely: it has no local files")
         if info.recipe == COLLECTION_OMNI:
             names = ", ".join(info.components)
             raise ModelLoadError(f"{info.target_id} is a collection: load its components ({names})")
@@ -462,6 +468,8 @@ class Registry:
         )
         if info.image_defaults:
             obj["image_defaults"] = dict(info.image_defaults)
+        if info.remote is not None:  # where it is served; its key's value never leaves the server
+            obj["remote_urls"] = builtins.list(info.remote.urls)
         if info.recipe == COLLECTION_OMNI:
             obj["models"] = [self.model_object(part) for part in self.collection_parts(info)]
         return obj

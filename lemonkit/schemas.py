@@ -503,6 +503,10 @@ PULL = Obj(
         "mmproj": STR,
         "labels": Arr(STR),
         "components": Arr(STR, min_items=1),
+        # the remote recipe: the upstream's base URL(s) and the server variable holding its key
+        "remote_url": STR,
+        "remote_urls": Arr(STR, min_items=1),
+        "api_key_env": STR,
     },
     required=["model_name"],
 )

@@ -151,6 +151,8 @@ DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
             },
         },
     },
+    # a model another server serves over an OpenAI-compatible API: lemonkit only forwards, nothing to install
+    "remote": {"default_backend": "http", "backends": {"http": {}}},
     # image upscaling: Real-ESRGAN networks on ncnn's CPU path (its Vulkan path is never enabled)
     "ncnn": {
         "default_backend": "cpu",

@@ -381,6 +381,8 @@ class DownloadManager:
         return plan
 
     def _plan_model(self, info: ModelInfo, plan: Plan, listings: dict[str, Listing], seen: set[Any]) -> None:
+        if info.remote is not None:
+            return  # served elsewhere: registering it is the whole pull
         if info.bundled is not None:
             if not self.registry.is_downloaded(info):
                 raise InvalidRequest(
@@ -418,11 +420,17 @@ class DownloadManager:
         Returns:
             The number of snapshot entries removed.
         """
+        if info.remote is not None:
+            return 0  # its checkpoint is an upstream's model id, not a file here (a local repo may share the name)
         removed = 0
         others = [
             m
             for m in self.registry.list(show_all=True)
-            if m.alias_of is None and m.id != info.id and m.recipe != COLLECTION_OMNI and m.bundled is None
+            if m.alias_of is None
+            and m.id != info.id
+            and m.recipe != COLLECTION_OMNI
+            and m.bundled is None
+            and m.remote is None
         ]
         cache = self.registry.cache
         partial_etags: dict[str, set[str]] = {}

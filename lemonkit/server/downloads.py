@@ -11,6 +11,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from lemonkit.backends.remote import check_hosts
 from lemonkit.downloads import Job, progress_events
 from lemonkit.errors import (
     DownloadError,
@@ -21,12 +22,13 @@ from lemonkit.errors import (
     ModelNotFound,
 )
 from lemonkit.hf_cache import in_allowed_dirs, is_local, local_path
-from lemonkit.model_info import COLLECTION_OMNI, ModelInfo, labels_with_flags
+from lemonkit.model_info import COLLECTION_OMNI, REMOTE, ModelInfo, check_remote_url, labels_with_flags
 from lemonkit.server.base import LemonkitHandler
 
 __all__ = ["DeleteHandler", "DownloadsControlHandler", "DownloadsHandler", "PullHandler", "VariantsHandler"]
 
-_REGISTRATION_FIELDS = ("checkpoint", "recipe", "components")
+_REGISTRATION_FIELDS = ("checkpoint", "recipe", "components", "remote_url", "remote_urls", "api_key_env")
+_REMOTE_FIELDS = ("remote_url", "remote_urls", "api_key_env")
 
 
 class PullHandler(LemonkitHandler):
@@ -36,6 +38,8 @@ class PullHandler(LemonkitHandler):
 
     async def post(self) -> None:
         body = self.json_body()
+        if body.get("recipe") == REMOTE:
+            self.require_admin("registering a remote model (the server sends requests to its URL)")
         await self.service.downloads.restore()  # a restored job may hold the registration to resume
         info, row = await asyncio.to_thread(self._target, body)
         downloads = self.service.downloads
@@ -84,7 +88,11 @@ class PullHandler(LemonkitHandler):
         if recipe is None:
             raise MissingArgument("recipe: required to register a model")
         row: dict[str, Any] = {"recipe": recipe}
-        if recipe == COLLECTION_OMNI:
+        if recipe != REMOTE and any(body.get(k) is not None for k in _REMOTE_FIELDS):
+            raise InvalidArgument(f"{', '.join(_REMOTE_FIELDS)}: only a '{REMOTE}' model has these")
+        if recipe == REMOTE:
+            row.update(self._remote_row(body))
+        elif recipe == COLLECTION_OMNI:
             if body.get("components") is None:
                 raise MissingArgument("components: required for a collection.omni model")
             row["components"] = body["components"]
@@ -101,9 +109,32 @@ class PullHandler(LemonkitHandler):
         if labels:
             row["labels"] = labels
         info = registry.preview(name, row)  # every name checked: nothing leaves the cache
+        if info.remote is not None:
+            check_hosts(info.remote.urls, self.service.settings.remote)
+            return info, row
         for role, checkpoint in info.checkpoints.items():
             self._check_local(role, checkpoint)
         return info, row
+
+    @staticmethod
+    def _remote_row(body: dict[str, Any]) -> dict[str, Any]:
+        """A ``remote`` registration's own fields: its upstream's id and URLs, and where its key lives (never the
+        key itself)."""
+        if body.get("checkpoint") is None:
+            raise MissingArgument("checkpoint: required to register a remote model (the upstream's model id)")
+        for field in ("mmproj", "components"):
+            if body.get(field) is not None:
+                raise InvalidArgument(f"{field}: a remote model has none (its upstream holds its files)")
+        if (body.get("remote_url") is None) == (body.get("remote_urls") is None):
+            raise MissingArgument("remote_url or remote_urls (one of them): the upstream's OpenAI base URL(s)")
+        urls = [body["remote_url"]] if body.get("remote_url") is not None else body["remote_urls"]
+        try:
+            row = {"checkpoint": body["checkpoint"], "remote_urls": [check_remote_url(url) for url in urls]}
+        except ValueError as exc:
+            raise InvalidArgument(f"remote_url: {exc}") from None
+        if body.get("api_key_env") is not None:
+            row["api_key_env"] = body["api_key_env"]
+        return row
 
     def _check_local(self, role: str, checkpoint: str) -> None:
         """A request may name a server-local file only inside a directory the operator allowed (symlinks followed)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from jupyter_server.base.handlers import APIHandler
@@ -16,7 +17,7 @@ from tornado import web, websocket
 from traitlets import Bool, Int, List, Unicode, default
 
 from lemonkit import hub_discovery
-from lemonkit.config import LiveLimits, Settings
+from lemonkit.config import LiveLimits, RemoteSettings, Settings
 from lemonkit.errors import Unauthorized
 from lemonkit.server import forward, routes
 from lemonkit.server.service import SETTINGS_KEY, Service
@@ -99,6 +100,14 @@ class LemonkitExtension(ExtensionApp):
     def _hub_service_default(self) -> str:
         return os.environ.get(hub_discovery.SERVICE_ENV, "").strip() or hub_discovery.DEFAULT_SERVICE
 
+    # the remote recipe: None -> $LEMONKIT_REMOTE_ALLOWED_HOSTS, else any host (a personal server)
+    remote_allowed_hosts = List(
+        Unicode(), default_value=None, allow_none=True, help="Hosts remote models may name ('.domain', '*')"
+    ).tag(config=True)
+    secrets_file = Unicode(help="JSON or dotenv file of upstream keys (default: $LEMONKIT_SECRETS_FILE)").tag(
+        config=True
+    )
+
     @default("cache_dir")
     def _cache_dir_default(self) -> str:
         return str(Settings().cache_dir)
@@ -123,8 +132,6 @@ class LemonkitExtension(ExtensionApp):
         if self.forward_to_hub:
             self._initialize_forwarding()
             return
-        from pathlib import Path
-
         settings = Settings(
             cache_dir=Path(self.cache_dir),
             max_loaded_models=self.max_loaded_models,
@@ -132,6 +139,7 @@ class LemonkitExtension(ExtensionApp):
             recipes=load_recipes(self.recipes_file or None),
             pip_command=tuple(self.pip_command),
             live_limits=LiveLimits.from_env(**{name: getattr(self, "live_" + name) for name in LiveLimits.ENV}),
+            remote=self._remote_settings(),
         )
         settings.api_key = None  # Jupyter's own auth guards every route
         self.service = Service(settings)
@@ -147,6 +155,14 @@ class LemonkitExtension(ExtensionApp):
         self.upstream = forward.Upstream(dataclasses.replace(hub, service=self.hub_service))
         self.settings.update({forward.UPSTREAM_KEY: self.upstream})
         self.log.info("lemonkit forwards to the JupyterHub service %r", self.hub_service)
+
+    def _remote_settings(self) -> RemoteSettings:
+        settings = RemoteSettings()
+        if self.remote_allowed_hosts is not None:
+            settings = dataclasses.replace(settings, allowed_hosts=tuple(self.remote_allowed_hosts))
+        if self.secrets_file:
+            settings = dataclasses.replace(settings, secrets_file=Path(self.secrets_file).expanduser())
+        return settings
 
     def initialize_handlers(self) -> None:
         build = forward.build if self.forward_to_hub else routes.build
