@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -254,3 +256,27 @@ def test_locate_asks_the_hub_before_anything_local(
     monkeypatch.setenv("JUPYTERHUB_API_TOKEN", hub.token("alice", scopes=["read:users:name!user"]))
     with pytest.raises(ServerUnavailable):
         locate(start=False)
+
+
+def test_lemonkit_status_names_the_hub_service(hub: JupyterHub, tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "JUPYTER_RUNTIME_DIR": str(tmp_path),
+        "JUPYTERHUB_API_URL": hub.hub_api,
+        "JUPYTERHUB_API_TOKEN": hub.token("alice"),
+    }
+    env.pop("LEMONKIT_URL", None)
+    shown = subprocess.run(
+        [sys.executable, "-m", "lemonkit", "status"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    first, loaded = shown.stdout.splitlines()
+    api = f"http://127.0.0.1:{hub.service_port}/services/{SERVICE}/api/v1"
+    assert first.startswith("lemonkit ") and first.endswith(f"at {api} (jupyterhub)") and loaded.startswith("loaded: ")
+    # the user asked for a service the hub does not have: exit 2 with the hub's reason, and no server started
+    env["LEMONKIT_HUB_SERVICE"] = "no-such-service"
+    refused = subprocess.run(
+        [sys.executable, "-m", "lemonkit", "status"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 2 and "no service named 'no-such-service'" in refused.stderr
+    assert refused.stderr.count("\n") == 1  # one line, no traceback
