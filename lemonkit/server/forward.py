@@ -30,8 +30,9 @@ UPSTREAM_KEY = "lemonkit_upstream"
 _HOP_BY_HOP = frozenset(
     ("connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding")
 ) | {"upgrade", "host", "content-length"}
-#: this server's own credentials and cookies are for it alone, never for the service
-_PRIVATE = frozenset(("authorization", "cookie", "x-xsrftoken", "x-csrftoken", "set-cookie"))
+#: this server's own credentials and cookies are for it alone, never for the service; the page's origin was this
+#: server's to judge (Jupyter did), and the service would see it as foreign to its own host
+_PRIVATE = frozenset(("authorization", "cookie", "x-xsrftoken", "x-csrftoken", "set-cookie", "origin", "referer"))
 _TIMEOUT = httpx.Timeout(60.0, read=None)  # generations may be silent for long
 #: Tornado hands a route its path decoded: these stay as they are when it is encoded again
 _PATH_SAFE = "/:@!$&'()*+,;=-._~"
@@ -159,20 +160,13 @@ class ForwardWebSocket(LemonkitWebSocket):
             service = await upstream.service()
             root = service.root.replace("http", "ws", 1)
             query = f"?{self.request.query}" if self.request.query else ""
-            protocols = self.request.headers.get("Sec-WebSocket-Protocol")
+            # no subprotocol is passed on: lemonkit's routes select none, and a browser's may carry its key
             request = httpclient.HTTPRequest(f"{root}/{path}{query}", headers=service.headers)
-            self._upstream_ws = await websocket.websocket_connect(
-                request,
-                on_message_callback=self._from_upstream,
-                subprotocols=[p.strip() for p in protocols.split(",")] if protocols else None,
-            )
+            self._upstream_ws = await websocket.websocket_connect(request, on_message_callback=self._from_upstream)
         except (LemonkitError, OSError, httpclient.HTTPClientError) as exc:
             err = exc if isinstance(exc, LemonkitError) else HubServiceError(f"The hub's service refused: {exc}")
             self.send_error_message(err)
             self.close(1011, err.message[:120])
-
-    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
-        return subprotocols[0] if subprotocols else None  # the service picks; the first is what clients lead with
 
     async def on_message(self, message: str | bytes) -> None:
         if self._upstream_ws is not None:
