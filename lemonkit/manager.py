@@ -30,7 +30,7 @@ from lemonkit.backends import remote
 from lemonkit.backends.base import LoadSpec
 from lemonkit.backends.transport import connect
 from lemonkit.config import Settings
-from lemonkit.errors import LemonkitError, ModelLoadError, ModelLoadRefused, ModelNotFound, SlotsPinned
+from lemonkit.errors import Forbidden, LemonkitError, ModelLoadError, ModelLoadRefused, ModelNotFound, SlotsPinned
 from lemonkit.options import AUTO_CTX_SIZE, RECIPE_OPTIONS, ResolvedOptions, check_runnable, is_unset, resolve_options
 from lemonkit.registry import ModelInfo, Registry
 
@@ -271,7 +271,7 @@ class ModelManager:
         try:
             await self._install([info])
         except LemonkitError as exc:
-            if not as_load_error:
+            if not as_load_error or isinstance(exc, Forbidden):  # a refused caller is not a failed load
                 raise
             raise ModelLoadError(f"Downloading {info.id} failed: {exc.message}") from exc
 

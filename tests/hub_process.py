@@ -7,7 +7,10 @@ password for everyone, ``SimpleLocalProcessSpawner`` with homes under ``director
 own model cache. It returns once ``/services/lemonkit/live`` answers through the proxy.
 
 Users: ``admin`` (a hub admin), ``alice`` and ``bob`` (the default ``user`` role plus the service's access scope),
-and ``operator``, who is no hub admin but holds the service's admin scope (:data:`ADMIN_SCOPE`).
+and ``operator``, who is no hub admin but holds the service's admin scope (:data:`ADMIN_SCOPE`). A user's
+single-user server (``SimpleLocalProcessSpawner``, this interpreter, ``--allow-root``) gets a
+``$JUPYTERHUB_API_TOKEN`` that holds the access scope too (``Spawner.server_token_scopes``), so their kernels may
+call the service.
 
 Use it from a module-scoped fixture::
 
@@ -18,8 +21,10 @@ Use it from a module-scoped fixture::
 
 then ``hub.service_url`` (``<public>/services/lemonkit/``), ``hub.api`` (its ``api/v1`` base) and
 ``hub.token("alice")`` (a token with all of alice's scopes), ``hub.token("alice", scopes=[...])`` (only those),
-``hub.logs()`` (the hub's and the service's output), ``hub.login("alice")`` (an ``httpx.Client`` that logged in
-at ``/hub/login`` like a browser and holds the hub's cookies).
+``hub.headers("alice")`` (``Authorization`` with a new token), ``hub.logs()`` (the hub's and the service's output),
+``hub.login("alice")`` (an ``httpx.Client`` that logged in at ``/hub/login`` like a browser and holds the hub's
+cookies; close it, e.g. ``with contextlib.closing(hub.login("alice")) as browser:``), ``hub.start_server("alice")``
+(her single-user server, ready; returns its URL) and ``hub.stop_server("alice")``.
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ c.Authenticator.allowed_users = set(settings["users"])
 c.JupyterHub.spawner_class = "simple"
 c.SimpleLocalProcessSpawner.home_dir_template = settings["dir"] + "/home/{{username}}"
 c.Spawner.args = ["--allow-root"]  # the tests may run as root
+# a kernel's $JUPYTERHUB_API_TOKEN (its single-user server's token) may call the service too
+c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server", settings["access_scope"]]
 c.JupyterHub.custom_scopes = {{
     settings["admin_scope"]: {{"description": "Administer the lemonkit service: pull, delete, install models"}},
 }}
@@ -227,6 +234,34 @@ class JupyterHub:
             client.close()
             raise RuntimeError(f"logging in as {user} failed: {answer.status_code} {answer.text[:300]}")
         return client
+
+    # -- users' servers -------------------------------------------------------------------------------------------
+
+    def start_server(self, user: str, timeout: float = 120) -> str:
+        """Start ``user``'s single-user server (``jupyterhub-singleuser``, lemonkit's extension in it) and wait
+        until the hub reports it ready.
+
+        Returns:
+            Its URL through the proxy (``<public>/user/<name>/``).
+        """
+        admin = {"Authorization": f"token {self.admin_token}"}
+        response = self.http.post(f"{self.hub_api}/users/{user}/server", headers=admin, timeout=timeout)
+        if response.status_code not in (201, 202):
+            raise RuntimeError(f"starting {user}'s server failed: {response.status_code} {response.text}")
+        deadline = time.monotonic() + timeout
+        while True:
+            model = self.http.get(f"{self.hub_api}/users/{user}", headers=admin).json()
+            server = model.get("servers", {}).get("", {})
+            if server.get("ready"):
+                return f"{self.public_url}{server['url']}"
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{user}'s server was not ready within {timeout} s:\n{self.logs()}")
+            time.sleep(0.1)  # polling the hub's REST API: nothing to wait on
+
+    def stop_server(self, user: str) -> None:
+        """Stop ``user``'s single-user server (the hub waits for it to end)."""
+        admin = {"Authorization": f"token {self.admin_token}"}
+        self.http.delete(f"{self.hub_api}/users/{user}/server", headers=admin, timeout=120)
 
     # -- stopping --------------------------------------------------------------------------------------------------
 

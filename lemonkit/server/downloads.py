@@ -37,6 +37,7 @@ class PullHandler(LemonkitHandler):
     schema = "pull"
 
     async def post(self) -> None:
+        self.require_admin("pulling or registering a model")
         body = self.json_body()
         if body.get("recipe") == REMOTE:
             self.require_admin("registering a remote model (the server sends requests to its URL)")
@@ -166,6 +167,7 @@ class DownloadsControlHandler(LemonkitHandler):
     schema = "downloads/control"
 
     async def post(self) -> None:
+        self.require_admin("pausing, cancelling or removing a download")
         body = self.json_body()
         self.write_json(await self.service.downloads.control(body["id"], body["action"]))
 
@@ -192,6 +194,7 @@ class DeleteHandler(LemonkitHandler):
     schema = "delete"
 
     async def post(self) -> None:
+        self.require_admin("deleting a model")
         body = self.json_body()
         service = self.service
         info = await service.lookup(body["model_name"])

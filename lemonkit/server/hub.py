@@ -38,7 +38,6 @@ from lemonkit.server.caller import Caller
 from lemonkit.server.service import SETTINGS_KEY, Service
 
 __all__ = [
-    "DEFAULT_ADMIN_SCOPE",
     "HubHandler",
     "HubSettings",
     "HubWebSocketHandler",
@@ -48,10 +47,6 @@ __all__ = [
 
 log = logging.getLogger("lemonkit.server")
 
-#: the custom scope that makes a hub user an admin of this service (besides hub admins)
-DEFAULT_ADMIN_SCOPE = "custom:lemonkit:admin"
-#: key of the :class:`HubSettings` in ``tornado.web.Application.settings``
-HUB_KEY = "lemonkit_hub"
 
 if TYPE_CHECKING:
     _HandlerBase = web.RequestHandler
@@ -65,23 +60,17 @@ class HubSettings:
 
     Args:
         prefix: Where the hub's proxy mounts the service (``JUPYTERHUB_SERVICE_PREFIX``), ending in ``/``.
-        admin_scope: The hub scope that makes a user an admin of this service (``LEMONKIT_HUB_ADMIN_SCOPE``,
-            ``--hub-admin-scope``; default :data:`DEFAULT_ADMIN_SCOPE`); hub admins always are.
         host: The interface to listen on (from ``JUPYTERHUB_SERVICE_URL``).
         port: The port to listen on (from ``JUPYTERHUB_SERVICE_URL``).
     """
 
     prefix: str
-    admin_scope: str
     host: str
     port: int
 
     @classmethod
-    def from_env(cls, admin_scope: str | None = None) -> HubSettings:
+    def from_env(cls) -> HubSettings:
         """The settings the hub gave this service in its environment.
-
-        Args:
-            admin_scope: The admin scope (``None``: ``$LEMONKIT_HUB_ADMIN_SCOPE``, else the default).
 
         Raises:
             ValueError: The hub's variables are missing (not started by a hub) or malformed.
@@ -96,12 +85,29 @@ class HubSettings:
         if url.scheme != "http" or not url.hostname or url.port is None:
             raise ValueError(f"JUPYTERHUB_SERVICE_URL must be http://host:port, got {url.geturl()!r}")
         prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX") or "/services/lemonkit/"
-        scope = admin_scope or os.environ.get("LEMONKIT_HUB_ADMIN_SCOPE", "").strip() or DEFAULT_ADMIN_SCOPE
-        return cls(prefix=prefix.rstrip("/") + "/", admin_scope=scope, host=url.hostname, port=url.port)
+        return cls(prefix=prefix.rstrip("/") + "/", host=url.hostname, port=url.port)
+
+
+class _HubAuth(HubOAuth):
+    """jupyterhub's OAuth client, also reading ``?token=`` on every WebSocket request: the library does only for
+    browsers' (``Sec-Fetch-Mode: websocket``), and other clients cannot always set a WebSocket's headers. Other
+    routes keep the library's rule (no tokens in URLs, where they would leak into logs and history)."""
+
+    def get_token(self, handler: web.RequestHandler, in_cookie: bool = True) -> str | None:
+        token: str | None = super().get_token(handler, in_cookie=False)
+        if not token and isinstance(handler, websocket.WebSocketHandler):
+            token = handler.get_query_argument("token", "") or None
+        if not token and in_cookie:
+            token = self._get_token_cookie(handler)
+        return token
 
 
 class _HubGuard(HubOAuthenticated, _HandlerBase):
     """Authentication and authorisation both hub bases share, through jupyterhub's :class:`HubOAuthenticated`."""
+
+    hub_auth_class = _HubAuth
+    #: whether a cookie-authenticated GET sets jupyterhub's ``_xsrf`` cookie (not on a WebSocket's upgrade)
+    _offers_xsrf = True
 
     async def prepare(self) -> None:
         if not getattr(self, "auth_required", True):
@@ -111,6 +117,12 @@ class _HubGuard(HubOAuthenticated, _HandlerBase):
             if self._wants_login_page():
                 self.redirect(self.get_login_url())
                 return
+            if self.request.method not in ("GET", "HEAD") and self.get_secure_cookie(self.hub_auth.cookie_name):
+                raise Forbidden(
+                    "A hub login cookie needs jupyterhub's XSRF token on writes: send the _xsrf cookie's value "
+                    "as the X-XSRFToken header (or use a token)",
+                    code="xsrf_required",
+                )
             raise Unauthorized(
                 "Hub credentials are required: send 'Authorization: token <your JupyterHub API token>' "
                 "(or Bearer), or log in through the hub in a browser"
@@ -124,7 +136,9 @@ class _HubGuard(HubOAuthenticated, _HandlerBase):
             ) from None
         self._check_cookie_origin()
         self._hub_auth_user_cache = user  # current_user, without HubAuthenticated's blocking lookup
-        admin_scope = self.settings[HUB_KEY].admin_scope
+        if self._offers_xsrf and self.request.method == "GET" and not getattr(self, "_token_authenticated", False):
+            self.xsrf_token  # noqa: B018 -- jupyterhub sets the _xsrf cookie a page's script sends back on writes
+        admin_scope = self.settings[SETTINGS_KEY].settings.hub_admin_scope
         scopes = frozenset(user.get("scopes") or ())
         admin = bool(user.get("admin")) or admin_scope in scopes
         self.set_caller(Caller(str(user["name"]), admin=admin, scopes=scopes, shared=True))
@@ -135,14 +149,18 @@ class _HubGuard(HubOAuthenticated, _HandlerBase):
         return self.request.method in ("GET", "HEAD") and "text/html" in accept
 
     def _check_cookie_origin(self) -> None:
-        """A page of another origin must not use the user's cookie, even for reads (the answer is theirs)."""
+        """A page of another origin must not use the user's cookie, even for reads (the answer is theirs).
+
+        The hub's own origin is the ``Host`` the proxy passed on, or the ``X-Forwarded-Host`` of a proxy in front
+        of it that rewrote ``Host`` (a page cannot send that header cross-origin: it is not CORS-safelisted).
+        """
         if getattr(self, "_token_authenticated", False):
             return
         origin = self.request.headers.get("Origin")
         if origin is None:
             return
-        parts = urlsplit(origin)
-        if parts.netloc.lower() != self.request.host.lower():
+        forwarded = self.request.headers.get("X-Forwarded-Host", "").split(",")[0].strip()
+        if urlsplit(origin).netloc.lower() not in {self.request.host.lower(), forwarded.lower()} - {""}:
             raise ForbiddenOrigin(f"A page of {origin} may not use a hub login cookie here")
 
 
@@ -154,12 +172,19 @@ class HubWebSocketHandler(_HubGuard, websocket.WebSocketHandler):
     """Host base of the WebSocket routes: the same checks in ``prepare``, so a refused client gets a JSON 401 or
     403 and no upgrade. A token may come as ``?token=`` (jupyterhub reads it on WebSocket requests)."""
 
+    _offers_xsrf = False
+
     def _wants_login_page(self) -> bool:
         return False
+
+    def check_origin(self, origin: str) -> bool:
+        return True  # prepare() refused a cookie from another origin; a token is a credential wherever it comes from
 
 
 class _OAuthCallback(LemonkitHandler, HubOAuthCallbackHandler):
     """jupyterhub's own OAuth callback (``<prefix>oauth_callback``); its errors are JSON like every answer."""
+
+    hub_auth_class = _HubAuth
 
 
 def make_app(service: Service, hub: HubSettings) -> web.Application:
@@ -173,7 +198,6 @@ def make_app(service: Service, hub: HubSettings) -> web.Application:
     rules += routes.build(hub.prefix, HubHandler, HubWebSocketHandler)
     settings: dict[str, Any] = {
         SETTINGS_KEY: service,
-        HUB_KEY: hub,
         "cookie_secret": os.urandom(32),  # signs the OAuth state and token cookies of this process
         "websocket_ping_interval": 30,
         "default_handler_class": rules[-1][1],
@@ -190,7 +214,7 @@ async def serve(hub: HubSettings, settings: Settings | None = None, *, preload: 
         preload: A model to load before serving.
     """
     redact_logs()  # ?token= must not reach a log line
-    HubOAuth.instance()  # reads the hub's variables now: a misconfigured service fails at start, not per request
+    _HubAuth.instance()  # reads the hub's variables now: a misconfigured service fails at start, not per request
     service = Service(settings)
     service.settings.api_key = None  # the hub's tokens guard every route
     server = HTTPServer(make_app(service, hub), xheaders=True)  # the hub's proxy sets X-Forwarded-*

@@ -43,6 +43,7 @@ class _BackendHandler(LemonkitHandler):
         raise NotImplementedError
 
     async def post(self) -> None:
+        self.require_admin("installing or uninstalling a backend")
         body = self.json_body()
         recipe, backend = body["recipe"], body["backend"]
         await self.check(body)

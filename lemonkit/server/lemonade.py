@@ -29,6 +29,9 @@ class LoadHandler(LemonkitHandler):
 
     async def _load(self, body: dict[str, Any]) -> None:
         service = self.service
+        options = {k: body[k] for names in RECIPE_OPTIONS.values() for k in names if k in body}
+        if options or body.get("save_options") or body.get("pinned") is not None:
+            self.require_admin("loading a model with options (ctx_size, llamacpp_args, pinned, save_options...)")
         info = await service.usable(body["model_name"])
         if info.on_demand:
             raise ModelLoadRefused(
@@ -37,7 +40,7 @@ class LoadHandler(LemonkitHandler):
             )
         if info.recipe == COLLECTION_OMNI:
             parts, missing = await asyncio.to_thread(self._parts, service.registry, info)
-            await service.downloads.install(missing)  # all of them before any load: a failure loads nothing
+            await service.install(missing)  # all of them before any load: a failure loads nothing
             for part in parts:
                 if not part.on_demand:  # it loads on its first request
                     await service.manager.load(part.id)
@@ -45,9 +48,10 @@ class LoadHandler(LemonkitHandler):
             return
         model = await service.manager.load(
             info.id,
-            {k: body[k] for names in RECIPE_OPTIONS.values() for k in names if k in body},
+            options,
             save_options=bool(body.get("save_options")),
             pinned=body.get("pinned"),  # absent or null: keep the pin saved in recipe_options.json
+            reload=self.caller.admin,  # a user's plain load of a shared model keeps the options it runs with
         )
         self.write_json({"status": "success", "message": f"Loaded model: {model.name}"})
 
@@ -68,6 +72,7 @@ class UnloadHandler(LemonkitHandler):
     schema = "unload"
 
     async def post(self) -> None:
+        self.require_admin("unloading a model that every user shares")
         body = self.json_body(optional=True)
         await self.service.manager.unload(body.get("model_name"))
         self.write_json({"status": "success", "message": "Model unloaded successfully"})

@@ -52,7 +52,9 @@ class ModelRouteHandler(LemonkitHandler):
         await self.unless_gone(self._serve(info, body))  # a client that leaves also ends a first-use download
 
     async def _serve(self, info: ModelInfo, body: dict[str, Any]) -> None:
-        async with self.service.manager.use(info.id, ctx_size=body.get("ctx_size")) as model:
+        # a shared server's model loads with its saved options unless an admin asks otherwise
+        ctx_size = body.get("ctx_size") if self.caller.admin else None
+        async with self.service.manager.use(info.id, ctx_size=ctx_size) as model:
             self.set_header(provenance.HEADER, await provenance.header_value(model))
             await self.run(model, body)
 

@@ -50,6 +50,8 @@ class ModelOptionsHandler(LemonkitHandler):
         registry = self.service.registry
         info = await self.service.lookup(model_id)
         changes, dry_run = parse_changes(info.recipe, body)  # raises before anything is written
+        if not dry_run:
+            self.require_admin("changing a model's saved options")
         if dry_run:
             on_disk = await asyncio.to_thread(registry.saved_options, info.id)
             entry = apply_changes(on_disk, changes)
@@ -58,6 +60,7 @@ class ModelOptionsHandler(LemonkitHandler):
         self.write_json(await self._describe(model_id, info, on_disk, entry))
 
     async def delete(self, model_id: str) -> None:
+        self.require_admin("clearing a model's saved options")
         info = await self.service.lookup(model_id)
         await self._save(self.service.registry.save_options, info.id, {})
         self.write_json(await self._describe(model_id, info, {}, {}))

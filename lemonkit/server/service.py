@@ -8,9 +8,11 @@ from lemonkit import logs
 from lemonkit.catalog import SupportPolicy
 from lemonkit.config import Settings
 from lemonkit.downloads import DownloadManager
+from lemonkit.errors import AdminRequired
 from lemonkit.installer import Installer
 from lemonkit.manager import ModelManager
 from lemonkit.registry import ModelInfo, Registry
+from lemonkit.server.caller import current
 
 __all__ = ["SETTINGS_KEY", "Service"]
 
@@ -31,7 +33,7 @@ class Service:
         self.registry = Registry(self.settings.cache_dir)
         self.support = SupportPolicy(self.settings.recipes)
         self.downloads = DownloadManager(self.settings, self.registry)
-        self.manager = ModelManager(self.settings, self.registry, install=self.downloads.install)
+        self.manager = ModelManager(self.settings, self.registry, install=self.install)
         self.installer = Installer(self.settings, self.manager)
         logs.install()  # the log stream starts with the server
 
@@ -53,6 +55,22 @@ class Service:
         """
         info = await self.lookup(name)
         return await asyncio.to_thread(self.support.require, info, self.registry)
+
+    async def install(self, models: list[ModelInfo]) -> None:
+        """Download ``models`` that a load or a first use needs: the one check of every model route that only a
+        shared server's admins may start a download (see :class:`~lemonkit.server.caller.Caller`).
+
+        Raises:
+            AdminRequired: A shared server's user who is not an admin (before any download starts).
+            LemonkitError: The download failed.
+        """
+        if models and not current.get().admin:
+            names = ", ".join(m.id for m in models)
+            raise AdminRequired(
+                f"{names} is not downloaded on this shared server, and only its admins may download models: "
+                "ask one to pull it"
+            )
+        await self.downloads.install(models)
 
     async def close(self) -> None:
         await self.downloads.close()
