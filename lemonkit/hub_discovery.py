@@ -13,7 +13,9 @@ Whether the service is *meant* for this user decides between falling back and fa
   configured, and discovery moves on (to this kernel's Jupyter server, a local server, an embedded one) —
   unless this user's configuration asks for the hub (``LEMONKIT_HUB_SERVICE`` or ``LEMONKIT_FORWARD_TO_HUB`` set),
   which makes it an error;
-- the token may use the service but not read where it is, or the service does not answer: an error, always.
+- the token may use the service but not read where it is: it is tried at its fixed prefix through the hub's
+  public URL when the hub has one (``JUPYTERHUB_PUBLIC_HUB_URL``), else an error;
+- the service does not answer: an error, always.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class HubEnvironment:
         service: The lemonkit service's name.
         required: This user's configuration asks for the hub's service: a missing one is an error, not a fallback.
         public_hub_url: The hub's public URL (``JUPYTERHUB_PUBLIC_HUB_URL``; empty unless the hub sets ``public_url``).
+        base_url: The hub's base URL (``JUPYTERHUB_BASE_URL``), which services' prefixes start with.
     """
 
     api_url: str
@@ -60,6 +63,7 @@ class HubEnvironment:
     service: str = DEFAULT_SERVICE
     required: bool = False
     public_hub_url: str = ""
+    base_url: str = "/"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, required: bool = False) -> HubEnvironment | None:
@@ -80,6 +84,7 @@ class HubEnvironment:
             service=named or DEFAULT_SERVICE,
             required=required or bool(named) or _truthy(env.get(FORWARD_ENV)),
             public_hub_url=env.get("JUPYTERHUB_PUBLIC_HUB_URL", ""),
+            base_url=env.get("JUPYTERHUB_BASE_URL") or "/",
         )
 
     @property
@@ -174,10 +179,13 @@ def _service_model(hub: HubEnvironment) -> dict[str, Any] | None:
         return None
     if response.status_code == 403:
         if _may_access(hub):
+            if hub.public_hub_url:  # a managed service's prefix is fixed: reach it through the public proxy
+                return {"url": "", "prefix": f"{hub.base_url.rstrip('/')}/services/{name}/"}
             raise HubServiceError(
                 f"This JupyterHub token may use the service {hub.service!r} but not read where it is: the hub's "
                 f"admin must grant 'read:services!service={hub.service}' (for a single-user server's token, in "
-                f"c.Spawner.server_token_scopes); or set LEMONKIT_URL to the service's URL",
+                f"c.Spawner.server_token_scopes) or set the hub's public_url; or set LEMONKIT_URL to the service's "
+                f"URL",
                 status=403,
                 code="hub_access_denied",
             )

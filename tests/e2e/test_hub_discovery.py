@@ -69,18 +69,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterHub]:
 @pytest.fixture(scope="module")
 def alice(hub: JupyterHub) -> Iterator[str]:
     """Alice's single-user server, started through the hub's REST API; yields its public base URL."""
-    admin = {"Authorization": f"token {hub.admin_token}"}
-    started = httpx.post(f"{hub.hub_api}/users/alice/server", headers=admin, timeout=120)
-    assert started.status_code in (201, 202), started.text
-    with httpx.stream("GET", f"{hub.hub_api}/users/alice/server/progress", headers=admin, timeout=180) as events:
-        for line in events.iter_lines():
-            if line.startswith("data:"):
-                event = json.loads(line[5:])
-                assert not event.get("failed"), f"{event}\n{hub.logs()}"
-                if event.get("ready"):
-                    break
-    yield f"{hub.public_url}/user/alice/"
-    httpx.delete(f"{hub.hub_api}/users/alice/server", headers=admin, timeout=120)
+    yield hub.start_server("alice")
+    hub.stop_server("alice")
 
 
 # -- a kernel in alice's server ------------------------------------------------------------------------------------
@@ -168,9 +158,11 @@ def test_the_extension_streams_a_chat(hub: JupyterHub, alice: str) -> None:
 async def test_a_client_that_leaves_stops_the_forwarded_generation(hub: JupyterHub, alice: str) -> None:
     headers = hub.headers("alice")
     chat = {"model": f"user.{TINY_NAME}", "messages": [{"role": "user", "content": "go"}], "temperature": 0}
+    admin = {"Authorization": f"token {hub.admin_token}"}  # only an admin may load with options on the service
+    load = {"model_name": f"user.{TINY_NAME}", "ctx_size": 4096}
+    loaded = httpx.post(f"{hub.api}/load", json=load, headers=admin, timeout=120)
+    assert loaded.status_code == 200, loaded.text
     async with httpx.AsyncClient(base_url=f"{alice}lemonkit/api/v1/", headers=headers, timeout=120) as forwarded:
-        loaded = await forwarded.post("load", json={"model_name": f"user.{TINY_NAME}", "ctx_size": 4096})
-        assert loaded.status_code == 200, loaded.text
         async with forwarded.stream("POST", "chat/completions", json={**chat, "max_tokens": 4000, "stream": True}) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
             lines = r.aiter_lines()
@@ -231,6 +223,11 @@ def test_a_token_that_may_use_but_not_read_the_service_is_an_error(hub: JupyterH
     with pytest.raises(HubServiceError, match=f"grant '{READ_SCOPE}'") as raised:
         hub_discovery.find(HubEnvironment(hub.hub_api, token))
     assert raised.value.code == "hub_access_denied" and raised.value.status == 403
+    # with the hub's public URL known, the service's fixed prefix is reached through the proxy instead
+    public = HubEnvironment(hub.hub_api, token, public_hub_url=f"{hub.public_url}/hub/")
+    found = hub_discovery.find(public)
+    assert found is not None and found.root == f"{hub.public_url}/services/{SERVICE}"
+    assert httpx.get(f"{found.root}/api/v1/health", headers=found.headers, timeout=60).status_code == 200
 
 
 def test_locate_asks_the_hub_before_anything_local(
