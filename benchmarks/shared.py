@@ -1,6 +1,6 @@
 """Shared deployments, as ratios measured side by side in one run.
 
-    python benchmarks/shared.py [--section all|hub|remote] [--users 4] [--tokens 64] [--rounds 3] [--model smollm2|tiny]
+    python benchmarks/shared.py [--section all|hub|remote] [--users 4] [--tokens 64] [--rounds 5] [--model smollm2|tiny]
 
 hub: N hub users each send one streamed completion, all at once, through the JupyterHub service (the hub's proxy
     and a hub-token check per request, tests/hub_process.py's real hub), against the same N streams at once sent
@@ -278,7 +278,7 @@ def main() -> None:
     parser.add_argument("--section", choices=["all", "hub", "remote"], default="all")
     parser.add_argument("--users", type=int, default=4, help="hub: users, one stream each")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2", help="hub: the model")
     args = parser.parse_args()
     os.environ["HF_HUB_CACHE"] = str(HF_CACHE)  # this process's registry (tests/llama_cpp_server finds SmolLM2)
