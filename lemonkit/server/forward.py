@@ -163,6 +163,8 @@ class ForwardWebSocket(LemonkitWebSocket):
             # no subprotocol is passed on: lemonkit's routes select none, and a browser's may carry its key
             request = httpclient.HTTPRequest(f"{root}/{path}{query}", headers=service.headers)
             self._upstream_ws = await websocket.websocket_connect(request, on_message_callback=self._from_upstream)
+            if self.ws_connection is None:  # the client left while the service was being reached
+                self._upstream_ws.close()
         except (LemonkitError, OSError, httpclient.HTTPClientError) as exc:
             err = exc if isinstance(exc, LemonkitError) else HubServiceError(f"The hub's service refused: {exc}")
             self.send_error_message(err)
