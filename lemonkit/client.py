@@ -5,11 +5,13 @@ built without a URL finds its server at the first request, taking the first of:
 
 1. ``LEMONKIT_URL`` (a host root such as ``http://127.0.0.1:13305``, a Jupyter server's
    ``http://host:8888/lemonkit``, or a full ``.../api/v1``), with ``LEMONKIT_TOKEN`` or ``LEMONADE_API_KEY``;
-2. the Jupyter server this kernel belongs to, with its token (JupyterHub's API token when it has none);
-3. a ``lemonkit serve`` of this user, the one on port 13305 first, found through its record in Jupyter's runtime
+2. under JupyterHub, the hub's shared lemonkit service (``LEMONKIT_HUB_SERVICE``, default ``lemonkit``), found
+   through the hub's REST API with this user's ``JUPYTERHUB_API_TOKEN`` (see :mod:`lemonkit.hub_discovery`);
+3. the Jupyter server this kernel belongs to, with its token (JupyterHub's API token when it has none);
+4. a ``lemonkit serve`` of this user, the one on port 13305 first, found through its record in Jupyter's runtime
    directory (with its key; see :mod:`lemonkit.records`): a server no record vouches for, such as another
    user's on a shared machine, is never used;
-4. an embedded standalone server started in the background on a free port, with a random key, that exits with
+5. an embedded standalone server started in the background on a free port, with a random key, that exits with
    this process (it watches its stdin).
 
 Errors come back as the server's own exception classes (:mod:`lemonkit.errors`), found by the answer's ``code``,
@@ -37,7 +39,7 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource, ServerSentEvent
 
-from lemonkit import records
+from lemonkit import hub_discovery, records
 from lemonkit.audio_methods import AsyncAudioMethods, SyncAudioMethods
 from lemonkit.config import DEFAULT_PORT
 from lemonkit.errors import InvalidArgument, LemonkitError, error_from_body
@@ -67,17 +69,19 @@ class Server:
 
     Attributes:
         api: The API root, ending ``/api/v1``.
-        token: Sent as ``Authorization: Bearer``; ``None`` sends nothing.
-        kind: How it was found: ``"url"``, ``"jupyter"``, ``"standalone"`` or ``"embedded"``.
+        token: Sent as ``Authorization: <scheme> <token>``; ``None`` sends nothing.
+        kind: How it was found: ``"url"``, ``"jupyterhub"``, ``"jupyter"``, ``"standalone"`` or ``"embedded"``.
+        scheme: The Authorization scheme (JupyterHub's own is ``token``).
     """
 
     api: str
     token: str | None
     kind: str
+    scheme: str = "Bearer"
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return {"Authorization": f"{self.scheme} {self.token}"} if self.token else {}
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,8 @@ def locate(*, start: bool = True) -> Server:
     Raises:
         ServerUnavailable: ``LEMONKIT_URL`` does not answer, or nothing does and ``start`` is false, or the
             embedded server failed to start.
+        HubServiceError: Under JupyterHub, the hub's service is required but missing, or it is there for this
+            user but cannot be read or reached (see :mod:`lemonkit.hub_discovery`).
     """
     token = os.environ.get("LEMONKIT_TOKEN") or os.environ.get("LEMONADE_API_KEY") or None
     url = os.environ.get("LEMONKIT_URL")
@@ -116,6 +122,9 @@ def locate(*, start: bool = True) -> Server:
         if not _answers(server):
             raise ServerUnavailable(f"LEMONKIT_URL names {url}, but no lemonkit server answers there")
         return server
+    hub = hub_discovery.find()
+    if hub is not None:
+        return Server(hub.root + "/api/v1", hub.token, "jupyterhub", scheme="token")
     found = _jupyter_server()
     if found is not None:
         return found

@@ -1,8 +1,10 @@
-"""``lemonkit pull|list|delete|load|unload|variants``: model management through :class:`lemonkit.Client`.
+"""``lemonkit status|pull|list|delete|load|unload|variants``: model management through :class:`lemonkit.Client`.
 
 The server is found as :mod:`lemonkit.client` describes: ``LEMONKIT_URL`` (with ``LEMONKIT_TOKEN`` or
 ``LEMONADE_API_KEY``; a Jupyter token works too), else a ``lemonkit serve`` on port 13305, else an embedded server
-that lives for the one command (``load`` and ``unload`` need a server that outlives them, so they start none).
+that lives for the one command (``status``, ``load`` and ``unload`` are about a server that outlives them, so they
+start none). Under JupyterHub the hub's lemonkit service comes before any local server (``status`` says
+``jupyterhub``).
 Exit status: 0 done, 2 an error (the server refused, or there is none; one line on stderr, no traceback),
 130 interrupted (a pull pauses on the server and the same command resumes it).
 """
@@ -20,12 +22,15 @@ from lemonkit.api import pull
 from lemonkit.client import Client, ServerUnavailable
 from lemonkit.errors import LemonkitError
 
-__all__ = ["COMMANDS", "add_parsers", "describe", "run"]
+__all__ = ["COMMANDS", "add_parsers", "describe", "run", "status_lines"]
 
-COMMANDS = ("pull", "list", "delete", "load", "unload", "variants")
+COMMANDS = ("status", "pull", "list", "delete", "load", "unload", "variants")
+#: commands about a server that outlives them: they never start the embedded one
+_NO_START = ("status", "load", "unload")
 
 
 def add_parsers(sub: Any) -> None:
+    sub.add_parser("status", help="the server this user's clients reach, how it was found, and what it has loaded")
     pull = sub.add_parser("pull", help="download a model (a registered name, or owner/repo[:variant] from the hub)")
     pull.add_argument("model", help="a model name, user.<name> with --checkpoint, or owner/repo[:variant]")
     pull.add_argument("--checkpoint", help="register MODEL (user.<name>) on this repo:variant")
@@ -87,8 +92,21 @@ def _variants(client: Client, args: argparse.Namespace) -> None:
         print(f"  labels: {', '.join(info['suggested_labels'])}")
 
 
+def status_lines(client: Client) -> list[str]:
+    """What ``lemonkit status`` and ``%lemonkit status`` print: the server, how it was found, its loaded models."""
+    health = client.health()
+    server = client.server
+    loaded = [f"{m['model_name']} ({m['type']}, pid {m['pid']})" for m in health["all_models_loaded"]]
+    return [
+        f"lemonkit {health['version']} at {server.api} ({server.kind})",
+        "loaded: " + (", ".join(loaded) or "nothing"),
+    ]
+
+
 def _call(client: Client, args: argparse.Namespace) -> None:
-    if args.command == "pull":
+    if args.command == "status":
+        print("\n".join(status_lines(client)))
+    elif args.command == "pull":
         _pull(client, args)
     elif args.command == "list":
         _list(client, args)
@@ -122,7 +140,7 @@ def describe(exc: BaseException) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run one client command; returns the exit status."""
-    client = Client(start=args.command not in ("load", "unload"))
+    client = Client(start=args.command not in _NO_START)
     try:
         with client:
             if client.server.kind == "embedded":

@@ -18,6 +18,7 @@ __all__ = [
     "Forbidden",
     "ForbiddenHost",
     "ForbiddenOrigin",
+    "HubServiceError",
     "InstallError",
     "InvalidArgument",
     "InvalidJSON",
@@ -200,6 +201,14 @@ class NotEmbeddingModel(LemonkitError):
     status = 501
     type = "not_implemented_error"
     code = "model_not_applicable"
+
+
+class HubServiceError(LemonkitError, ConnectionError):
+    """The JupyterHub's lemonkit service cannot be found or reached (the hub has none, the token may not read
+    it, or it does not answer)."""
+
+    status = 502
+    code = "hub_service_unavailable"
 
 
 def _classes(cls: type[LemonkitError]) -> list[type[LemonkitError]]:

@@ -14,6 +14,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from lemonkit import api
+from lemonkit.commands import status_lines
 from lemonkit.results import ChatResult
 
 __all__ = ["LemonkitMagics", "load_ipython_extension"]
@@ -40,11 +41,7 @@ class LemonkitMagics(Magics):
         words = shlex.split(line)
         command, rest = (words[0], words[1:]) if words else ("status", [])
         if command == "status":
-            health = api.health()
-            server = api.default_client().server
-            loaded = [f"{m['model_name']} ({m['type']}, pid {m['pid']})" for m in health["all_models_loaded"]]
-            print(f"lemonkit {health['version']} at {server.api} ({server.kind})")
-            print("loaded: " + (", ".join(loaded) or "nothing"))
+            print("\n".join(status_lines(api.default_client())))
             return None
         if command == "models":
             return api.models(all="--all" in rest)

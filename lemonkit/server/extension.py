@@ -14,11 +14,12 @@ from jupyter_server.base.websocket import WebSocketMixin
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web, websocket
-from traitlets import Int, List, Unicode, default
+from traitlets import Bool, Int, List, Unicode, default
 
+from lemonkit import hub_discovery
 from lemonkit.config import LiveLimits, RemoteSettings, Settings, UserLimits
 from lemonkit.errors import Unauthorized
-from lemonkit.server import routes
+from lemonkit.server import forward, routes
 from lemonkit.server.service import SETTINGS_KEY, Service
 from lemonkit.system_info import load_recipes
 
@@ -86,6 +87,23 @@ class LemonkitExtension(ExtensionApp):
     user_max_queued = Int(None, allow_none=True, help="A user's model requests waiting for a turn").tag(config=True)
     user_rate = Int(None, allow_none=True, help="A user's model requests per minute").tag(config=True)
 
+    # a single-user server of a JupyterHub can hand everything to the hub's shared service instead
+    forward_to_hub = Bool(
+        help="Forward every lemonkit route to the JupyterHub's lemonkit service, with this server's hub token, "
+        "instead of loading models here (default: $LEMONKIT_FORWARD_TO_HUB)"
+    ).tag(config=True)
+    hub_service = Unicode(
+        help="The JupyterHub service to forward to (default: $LEMONKIT_HUB_SERVICE, else lemonkit)"
+    ).tag(config=True)
+
+    @default("forward_to_hub")
+    def _forward_default(self) -> bool:
+        return os.environ.get(hub_discovery.FORWARD_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+    @default("hub_service")
+    def _hub_service_default(self) -> str:
+        return os.environ.get(hub_discovery.SERVICE_ENV, "").strip() or hub_discovery.DEFAULT_SERVICE
+
     # the remote recipe: None -> $LEMONKIT_REMOTE_ALLOWED_HOSTS, else any host (a personal server)
     remote_allowed_hosts = List(
         Unicode(), default_value=None, allow_none=True, help="Hosts remote models may name ('.domain', '*')"
@@ -115,6 +133,9 @@ class LemonkitExtension(ExtensionApp):
         return list(Settings().pip_command)
 
     def initialize_settings(self) -> None:
+        if self.forward_to_hub:
+            self._initialize_forwarding()
+            return
         settings = Settings(
             cache_dir=Path(self.cache_dir),
             max_loaded_models=self.max_loaded_models,
@@ -129,6 +150,17 @@ class LemonkitExtension(ExtensionApp):
         self.service = Service(settings)
         self.settings.update({SETTINGS_KEY: self.service})
 
+    def _initialize_forwarding(self) -> None:
+        hub = hub_discovery.HubEnvironment.from_env(required=True)
+        if hub is None:
+            raise RuntimeError(
+                "LemonkitExtension.forward_to_hub is set, but this server is not a JupyterHub single-user server "
+                "(JUPYTERHUB_API_URL and JUPYTERHUB_API_TOKEN are not set)"
+            )
+        self.upstream = forward.Upstream(dataclasses.replace(hub, service=self.hub_service))
+        self.settings.update({forward.UPSTREAM_KEY: self.upstream})
+        self.log.info("lemonkit forwards to the JupyterHub service %r", self.hub_service)
+
     def _remote_settings(self) -> RemoteSettings:
         settings = RemoteSettings()
         if self.remote_allowed_hosts is not None:
@@ -138,7 +170,11 @@ class LemonkitExtension(ExtensionApp):
         return settings
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend(routes.build("lemonkit/", JupyterHandler, JupyterWebSocketHandler))
+        build = forward.build if self.forward_to_hub else routes.build
+        self.handlers.extend(build("lemonkit/", JupyterHandler, JupyterWebSocketHandler))
 
     async def stop_extension(self) -> None:
-        await self.service.close()
+        if self.forward_to_hub:
+            await self.upstream.aclose()
+        else:
+            await self.service.close()
