@@ -367,3 +367,49 @@ async def test_a_client_that_leaves_closes_the_upstream_request(front: Standalon
             assert not seen.release.is_set() and len(seen.requests) == 1
         finally:
             await _delete(client, name)
+
+
+async def test_tool_calls_pass_through(front: Standalone, upstream_lemonkit: Standalone) -> None:
+    """A forced tool call made upstream comes back as the client's own ``tool_calls``, whole and streamed."""
+    url = upstream_lemonkit.root + "api/v1"
+    host = _front_host(front)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ]
+    asked = {
+        "model": "user.remote-lk-tools",
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": tools,
+        "tool_choice": "required",
+        "max_tokens": 48,
+    }
+    async with host.client() as client:
+        await _register(client, _remote("user.remote-lk-tools", DEFAULT_CHAT_MODEL, [url], api_key_env="UPSTREAM_KEY"))
+        try:
+            whole = await host.openai().chat.completions.create(**asked)
+            choice = whole.choices[0]
+            assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+            (call,) = choice.message.tool_calls
+            assert call.function.name == "get_weather"
+            assert isinstance(json.loads(call.function.arguments)["city"], str)
+
+            pieces: list[dict[str, Any]] = []
+            finish = None
+            async for data in _sse(client, asked):
+                if data == "[DONE]":
+                    break
+                delta = json.loads(data)["choices"][0]
+                pieces += delta["delta"].get("tool_calls") or []
+                finish = delta.get("finish_reason") or finish
+            assert finish == "tool_calls"
+            assert {p["function"]["name"] for p in pieces if p["function"].get("name")} == {"get_weather"}
+            arguments = "".join(p["function"].get("arguments") or "" for p in pieces)
+            assert isinstance(json.loads(arguments)["city"], str)
+        finally:
+            await _delete(client, "user.remote-lk-tools")
