@@ -27,7 +27,7 @@ import httpx
 
 from lemonkit import logs
 from lemonkit.backends import remote
-from lemonkit.backends.base import LoadSpec
+from lemonkit.backends.base import NO_STATS, LoadSpec
 from lemonkit.backends.transport import connect
 from lemonkit.config import Settings
 from lemonkit.errors import Forbidden, LemonkitError, ModelLoadError, ModelLoadRefused, ModelNotFound, SlotsPinned
@@ -164,14 +164,7 @@ class ModelManager:
         last = self._last_used if only_of is None else self._last_of.get(only_of)
         model = self._loaded.get(last or "")
         if model is None or (only_of is not None and model.last_user != only_of):
-            return {
-                "time_to_first_token": None,
-                "tokens_per_second": None,
-                "input_tokens": None,
-                "output_tokens": None,
-                "decode_token_times": [],
-                "prompt_tokens": None,
-            }
+            return dict(NO_STATS)
         response = await model.client.get("/stats")
         result: dict[str, Any] = response.json()
         return result

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypedDict
 
 __all__ = [
+    "NO_STATS",
     "ROUTES",
     "Binary",
     "BinaryStream",
@@ -34,6 +35,16 @@ __all__ = [
 ]
 
 Cancelled = Callable[[], bool]
+
+#: ``/v1/stats`` of a model that has no figures to give (none served yet, or an engine that measures none)
+NO_STATS: dict[str, Any] = {
+    "time_to_first_token": None,
+    "tokens_per_second": None,
+    "input_tokens": None,
+    "output_tokens": None,
+    "decode_token_times": [],
+    "prompt_tokens": None,
+}
 
 
 class LoadSpec(TypedDict, total=False):

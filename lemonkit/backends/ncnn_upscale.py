@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lemonkit.backends.base import Cancelled, LoadSpec, physical_cores
+from lemonkit.backends.base import NO_STATS, Cancelled, LoadSpec, physical_cores
 from lemonkit.backends.images.pictures import decode_image, encode_png
 from lemonkit.errors import BackendError, InvalidArgument, ModelLoadError
 
@@ -204,15 +204,7 @@ class NcnnUpscaleEngine:
     # -- the rest of the engine protocol -------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        return {
-            "time_to_first_token": None,
-            "tokens_per_second": None,
-            "input_tokens": None,
-            "output_tokens": None,
-            "decode_token_times": [],
-            "prompt_tokens": None,
-            **({"image": self._stats} if self._stats else {}),
-        }
+        return {**NO_STATS, **({"image": self._stats} if self._stats else {})}
 
     def info(self) -> dict[str, Any]:
         return {

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from lemonkit.backends.base import NO_STATS
 from lemonkit.config import RemoteSettings
 from lemonkit.errors import Forbidden, ModelLoadError
 from lemonkit.model_info import ModelInfo
@@ -52,15 +53,6 @@ ROUTES = {
 }
 #: request fields only lemonkit understands; ``encoding_format`` too: lemonkit encodes base64 itself, from floats
 _LEMONKIT_ONLY = ("ctx_size", "route_trace", "encoding_format")
-#: what ``/v1/stats`` reports for a remote model: the upstream's figures are not lemonkit's to know
-_NO_STATS: dict[str, Any] = {
-    "time_to_first_token": None,
-    "tokens_per_second": None,
-    "input_tokens": None,
-    "output_tokens": None,
-    "decode_token_times": [],
-    "prompt_tokens": None,
-}
 #: upstream statuses that say "not this replica, try another" (a gateway or a replica that is not ready)
 _TRY_NEXT = frozenset({502, 503, 504})
 #: seconds a failed endpoint goes to the back of the queue before it is tried first again
@@ -310,7 +302,7 @@ class RemoteTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if path == "/stats":
-            return httpx.Response(200, json=_NO_STATS)
+            return httpx.Response(200, json=NO_STATS)  # the upstream's figures are not lemonkit's to know
         suffix = ROUTES.get(path)
         if suffix is None or request.method != "POST":
             message = f"{self.name} is a remote model: lemonkit forwards only {', '.join(ROUTES)} to its upstream"

@@ -14,20 +14,20 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 from conftest import API_KEY, Host, Standalone
 from hub_server import HubServer, tiny_gguf_repo
+from waiting import until
 
 from lemonkit.downloads import Job
 from lemonkit.registry import Registry
 
-T = TypeVar("T")
 TOKEN = "hf_lemonkit_test_token"
 PLAIN = "tiny-Q4_K_M.gguf"
 SHARDS = ("Q8_0/tiny-Q8_0-00001-of-00002.gguf", "Q8_0/tiny-Q8_0-00002-of-00002.gguf")
@@ -123,19 +123,6 @@ def env(
     module_hub.reset()
     if host.kind == "standalone":
         httpx.post(host.api + "/unload", headers=host.headers, timeout=60).raise_for_status()
-
-
-async def until(check: Callable[[], Awaitable[T]], what: str, timeout: float = 30) -> T:
-    """Poll ``check`` until it returns something truthy (bounded)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def job_of(client: httpx.AsyncClient, name: str) -> dict[str, Any] | None:

@@ -12,10 +12,10 @@ import base64
 import itertools
 import json
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlencode
 
 import httpx
@@ -26,10 +26,10 @@ from hub_server import HubServer, tiny_gguf_repo
 from speech import SENTENCES, speech_samples, word_error_rate
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
+from waiting import until
 
 from lemonkit.audio import pcm16
 
-T = TypeVar("T")
 PLAIN = "tiny-Q4_K_M.gguf"
 WHISPER = "Whisper-Tiny-En-Bundled"
 _ids = itertools.count()
@@ -109,19 +109,6 @@ def env(
         finally:
             server.stop()
     module_hub.reset()
-
-
-async def until(check: Callable[[], Awaitable[T]], what: str, timeout: float = 60) -> T:
-    """Poll ``check`` until it returns something truthy (bounded)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def completion(model: str) -> dict[str, Any]:
