@@ -251,7 +251,8 @@ class SyncMethods:
 
         Returns:
             ``time_to_first_token``, ``tokens_per_second``, ``input_tokens``, ``output_tokens``, ``prompt_tokens``,
-            ``decode_token_times`` (``None`` before any generation).
+            ``cache_tokens`` (prompt tokens reused from the model's context), ``decode_token_times`` (``None``
+            before any generation).
 
         Raises:
             ServerUnavailable: No server could be reached or started.

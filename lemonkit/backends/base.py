@@ -44,6 +44,7 @@ NO_STATS: dict[str, Any] = {
     "output_tokens": None,
     "decode_token_times": [],
     "prompt_tokens": None,
+    "cache_tokens": None,
 }
 
 

@@ -430,4 +430,5 @@ class Generator:
             "output_tokens": run.generated,
             "decode_token_times": list(run.times),
             "prompt_tokens": run.prompt_tokens,
+            "cache_tokens": run.cached,  # prompt tokens reused from the context, not evaluated again
         }

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from lemonkit.audio import ENCODINGS, MEDIA_TYPES, encode, pcm16, wav_bytes
-from lemonkit.backends.base import Binary, BinaryStream, Cancelled, LoadSpec
+from lemonkit.backends.base import NO_STATS, Binary, BinaryStream, Cancelled, LoadSpec
 from lemonkit.errors import InvalidArgument
 
 __all__ = [
@@ -343,12 +343,8 @@ class SpeechEngine:
     def stats(self) -> dict[str, Any]:
         timing = self._timing() if self._stats else {}
         return {
+            **NO_STATS,
             "time_to_first_token": (timing.get("ttfa_ms") or 0) / 1000 if timing else None,
-            "tokens_per_second": None,
-            "input_tokens": None,
-            "output_tokens": None,
-            "decode_token_times": [],
-            "prompt_tokens": None,
             **({"audio": timing} if timing else {}),
         }
 
