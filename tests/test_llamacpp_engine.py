@@ -402,11 +402,62 @@ def test_prompt_cache_reuses_prefix(engine: LlamaCppEngine):
     assert r["timings"]["prompt_n"] == 1
 
 
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_prompt_cache_reuses_exactly_the_shared_tokens_and_keeps_greedy_output(tiny_path: Path):
+    first, second = "one two three four five six seven", "one two three four nine ten eleven twelve"
+    greedy = {"max_tokens": 8, "temperature": 0, "seed": 3}
+    fresh = LlamaCppEngine({"model_path": str(tiny_path), "type": "llm", "options": {"n_threads": 2}})
+    try:
+        cold = complete(fresh, prompt=second, **greedy)
+        assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    finally:
+        fresh.close()
+    warm = LlamaCppEngine({"model_path": str(tiny_path), "type": "llm", "options": {"n_threads": 2}})
+    try:
+        complete(warm, prompt=first, **greedy)
+        reused = complete(warm, prompt=second, **greedy)
+        shared = _shared_prefix(warm._gen.tokenize(first), warm._gen.tokenize(second))
+        assert 1 < shared < len(warm._gen.tokenize(second))
+        assert reused["usage"]["prompt_tokens_details"]["cached_tokens"] == shared
+        assert reused["timings"]["cache_n"] == shared and warm.stats()["cache_tokens"] == shared
+        assert reused["choices"][0]["text"] == cold["choices"][0]["text"]
+    finally:
+        warm.close()
+
+
+def test_prompt_cache_not_reused_when_the_window_was_dropped(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch):
+    """A sliding-window cache that dropped the early cells (``swa_full`` off) cannot serve the prefix."""
+    import llama_cpp
+
+    messages = [{"role": "user", "content": "the window test " * 10}]
+    body = {"messages": messages, "max_tokens": 4, "temperature": 0}
+    before = chat(engine, **body)
+    again = chat(engine, **body)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"] - 1
+    n_past = again["usage"]["prompt_tokens"] - 1
+    # a 16-token window whose cache dropped every cell before n_past - 16: the prefix still serves
+    monkeypatch.setattr(engine._gen, "_n_swa", 16)
+    monkeypatch.setattr(llama_cpp, "llama_memory_seq_pos_min", lambda memory, seq: n_past - 16)
+    assert chat(engine, **body)["usage"]["prompt_tokens_details"]["cached_tokens"] == n_past
+    # one cell more dropped: the window of the first new token is incomplete, so everything is evaluated again
+    monkeypatch.setattr(llama_cpp, "llama_memory_seq_pos_min", lambda memory, seq: n_past - 15)
+    after = chat(engine, **body)
+    assert after["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert text_of(after) == text_of(before)
+
+
 def test_stats_after_request(engine: LlamaCppEngine):
     r = chat(engine, max_tokens=7)
     s = engine.stats()
     assert s["output_tokens"] == 7 and len(s["decode_token_times"]) == 7
     assert s["prompt_tokens"] == r["usage"]["prompt_tokens"]
+    assert s["cache_tokens"] == r["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert s["input_tokens"] == r["usage"]["prompt_tokens"] - r["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert s["time_to_first_token"] > 0 and s["tokens_per_second"] > 0
     assert all(t >= 0 for t in s["decode_token_times"])

@@ -190,6 +190,7 @@ class Generator:
         self.n_ctx: int = llm.n_ctx()
         self._n_vocab: int = llm.n_vocab()
         self._vocab = llm._model.vocab
+        self._n_swa: int = int(llama_cpp.llama_model_n_swa(llm._model.model))  # 0: no sliding-window attention
         self.add_bos: bool = bool(llm._model.add_bos_token())
         self._bos: int = llm.token_bos()
         self.bos_text: str = llm._model.token_get_text(self._bos) if self._bos >= 0 else ""
@@ -257,7 +258,7 @@ class Generator:
             return prefix
         # At least one token must be evaluated to get fresh logits.
         reuse = min(prefix, len(tokens) - 1)
-        if reuse > 0 and llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
+        if reuse > 0 and self._window_intact(reuse) and llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
             llm.n_tokens = reuse
         else:
             llm.reset()
@@ -265,6 +266,16 @@ class Generator:
             reuse = 0
         llm.eval(tokens[reuse:])
         return reuse
+
+    def _window_intact(self, n_past: int) -> bool:
+        """Whether the context still holds every cell a prompt continued at ``n_past`` attends to.
+
+        A sliding-window cache that is not full size (``swa_full`` off) drops the cells older than its window:
+        continuing from a prefix whose window was dropped would silently change the output, so then the whole
+        prompt is evaluated again (llama-server's rule). Full-size and ordinary caches keep position 0 onwards.
+        """
+        pos_min = int(self._lc.llama_memory_seq_pos_min(self._llm._ctx.memory, 0))
+        return pos_min <= max(0, n_past - max(1, self._n_swa))
 
     def _logprob(self, token: int, n_top: int) -> tuple[float, list[tuple[int, float]]]:
         """Log-probability of ``token`` and the ``n_top`` best alternatives, from the logits it was sampled from."""
