@@ -86,6 +86,31 @@ async def test_tiny_second_turn_reuses_the_first(host: Host) -> None:
         await _second_turn_reuses_first(client, TINY, max_tokens=12)
 
 
+async def test_tiny_stream_reports_reuse_in_its_usage_chunk(host: Host) -> None:
+    body = {"model": TINY, "messages": [{"role": "user", "content": "stream me " * 6}], "max_tokens": 6, **GREEDY}
+    async with host.client() as client:
+        await _fresh(client, TINY)
+        whole = await _post(client, "chat/completions", body)
+        stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        chunks = [json.loads(c) for c in await _events(client, "chat/completions", stream)]
+    usage, timings = chunks[-1]["usage"], chunks[-1]["timings"]
+    assert usage["prompt_tokens"] == whole["usage"]["prompt_tokens"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == timings["cache_n"] == usage["prompt_tokens"] - 1
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == whole["choices"][0]["message"]["content"]
+
+
+async def _events(client: httpx.AsyncClient, route: str, body: dict[str, Any]) -> list[str]:
+    """The JSON payloads of a streamed answer's server-sent events."""
+    events: list[str] = []
+    async with client.stream("POST", route, json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                events.append(line[len("data: ") :])
+    return events
+
+
 async def test_tiny_unrelated_prompt_reuses_only_the_shared_prefix(host: Host) -> None:
     a, b = "alpha beta gamma delta epsilon", "zulu yankee xray whiskey victor"
     expected = _shared(_tokens(a), _tokens(b))  # BOS, if the model adds one
@@ -96,11 +121,7 @@ async def test_tiny_unrelated_prompt_reuses_only_the_shared_prefix(host: Host) -
         assert first["usage"]["prompt_tokens"] == len(_tokens(a))
         stream = {"model": TINY, "prompt": b, "max_tokens": 4, "stream": True, **GREEDY}
         stream["stream_options"] = {"include_usage": True}
-        last: dict[str, Any] = {}
-        async with client.stream("POST", "completions", json=stream) as response:
-            async for line in response.aiter_lines():
-                if line.startswith("data: {"):
-                    last = json.loads(line[6:])
+        last = json.loads((await _events(client, "completions", stream))[-1])
         assert last["usage"]["prompt_tokens_details"]["cached_tokens"] == expected
         assert last["timings"]["cache_n"] == expected
         assert (await client.get("stats")).json()["cache_tokens"] == expected
