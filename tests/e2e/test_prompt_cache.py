@@ -133,8 +133,11 @@ async def test_responses_api_reports_cached_input_tokens(host: Host) -> None:
         body = {"model": TINY, "input": "the cache test " * 8, "max_output_tokens": 4, **GREEDY}
         await _post(client, "responses", body)
         again = await _post(client, "responses", body)
+        events = [json.loads(e) for e in await _events(client, "responses", {**body, "stream": True})]
     usage = again["usage"]
     assert usage["input_tokens_details"]["cached_tokens"] == usage["input_tokens"] - 1  # one re-evaluated for logits
+    (done,) = [e for e in events if e["type"] == "response.completed"]
+    assert done["response"]["usage"]["input_tokens_details"] == usage["input_tokens_details"]
 
 
 @pytest.mark.slow
