@@ -267,6 +267,7 @@ class ModelManager:
 
         Raises:
             TooManyRequests: The caller is over a per-user limit (nothing was done).
+            QueueFull: The model's queue (all users) is full (nothing was done).
             ModelLoadError: The model failed to download or load.
         """
         user = caller.current.get().name
@@ -294,6 +295,7 @@ class ModelManager:
 
         Raises:
             TooManyRequests: The caller is over a per-user limit.
+            QueueFull: The model's queue (all users) is full.
             ModelLoadError: The model failed to download or load.
         """
         async with self.fairness.admission(caller.current.get().name, name):

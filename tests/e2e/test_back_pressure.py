@@ -19,6 +19,9 @@ import pytest
 from conftest import API_KEY, TINY, Host, Standalone
 from waiting import until
 
+from lemonkit.client import AsyncClient
+from lemonkit.errors import QueueFull
+
 MAX_QUEUE = 2
 CHAT = {"messages": [{"role": "user", "content": "go"}], "temperature": 0}
 
@@ -88,6 +91,10 @@ async def test_a_full_queue_answers_503_with_retry_after_while_the_queued_comple
 
             entry = await until(full, "both requests to queue behind the held one")
             assert entry["slots"] == {"total": 1, "busy": 1, "idle": 0}
+            with pytest.raises(QueueFull) as raised:  # the Python client raises it as its class
+                async with AsyncClient(bounded.root, token=bounded.token) as lemonkit_client:
+                    await lemonkit_client.request("POST", "chat/completions", json=completion(98))
+            assert raised.value.status == 503 and raised.value.retry_after >= 1
             refused = await client.post("chat/completions", json=completion(99))
             assert refused.status_code == 503, refused.text
             assert refused.headers["Content-Type"].startswith("application/json")
