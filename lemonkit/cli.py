@@ -29,7 +29,15 @@ from typing import Any
 from urllib.parse import quote
 
 from lemonkit import commands
-from lemonkit.config import DEFAULT_PORT, LiveLimits, RemoteSettings, Settings, UserLimits, default_chat_model
+from lemonkit.config import (
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_PORT,
+    LiveLimits,
+    RemoteSettings,
+    Settings,
+    UserLimits,
+    default_chat_model,
+)
 
 __all__ = ["DEMO_QUESTION", "chat_demo_body", "demo_body", "main"]
 
@@ -115,6 +123,13 @@ def _parser() -> argparse.ArgumentParser:
             "--secrets-file",
             metavar="PATH",
             help="JSON or dotenv file of upstream keys for remote models' api_key_env; default $LEMONKIT_SECRETS_FILE",
+        )
+        cmd.add_argument(
+            "--max-queue",
+            type=int,
+            metavar="N",
+            help="model requests (all users) that may wait for a turn at one model; more are answered 503 at once "
+            f"(0: no bound); default $LEMONKIT_MAX_QUEUE, else {DEFAULT_MAX_QUEUE}",
         )
         for name, env in UserLimits.ENV.items():
             cmd.add_argument(
@@ -229,6 +244,8 @@ def _serve(args: argparse.Namespace) -> int:
     limits = LiveLimits.from_env(**{name: getattr(args, "live_" + name) for name in LiveLimits.ENV})
     users = UserLimits.from_env(**{name: getattr(args, "user_" + name) for name in UserLimits.ENV})
     settings = Settings(live_limits=limits, user_limits=users, remote=_remote_settings(args))
+    if args.max_queue is not None:
+        settings = dataclasses.replace(settings, max_queue=args.max_queue)
     browsers = {"allowed_hosts": args.allowed_hosts, "allowed_origins": args.allowed_origins}
     if args.command == "serve" and args.jupyterhub_service:
         _configure_logging(args.log_level)

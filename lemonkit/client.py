@@ -42,7 +42,7 @@ from httpx_sse import EventSource, ServerSentEvent
 from lemonkit import hub_discovery, records
 from lemonkit.audio_methods import AsyncAudioMethods, SyncAudioMethods
 from lemonkit.config import DEFAULT_PORT
-from lemonkit.errors import InvalidArgument, LemonkitError, error_from_body
+from lemonkit.errors import InvalidArgument, LemonkitError, RetryLater, error_from_body
 from lemonkit.image_methods import AsyncImageMethods, SyncImageMethods
 from lemonkit.methods import AsyncMethods, SyncMethods
 
@@ -276,7 +276,10 @@ def _result(response: httpx.Response, raw: bool = False) -> Any:
             body = response.json()
         except ValueError:
             body = None
-        raise error_from_body(response.status_code, body, response.text)
+        exc = error_from_body(response.status_code, body, response.text)
+        if isinstance(exc, RetryLater) and response.headers.get("Retry-After", "").isdigit():
+            exc.retry_after = float(response.headers["Retry-After"])  # the server's estimate, for a caller's retry
+        raise exc
     if raw:
         return response.content
     try:

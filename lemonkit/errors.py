@@ -32,6 +32,8 @@ __all__ = [
     "ModelNotSupported",
     "NotEmbeddingModel",
     "NotFound",
+    "QueueFull",
+    "RetryLater",
     "SlotsPinned",
     "TooManyRequests",
     "Unauthorized",
@@ -130,17 +132,33 @@ class AdminRequired(Forbidden):
     code = "admin_required"
 
 
-class TooManyRequests(LemonkitError):
-    """A shared server's user is over a per-user limit (requests at once, queued, or per minute); the answer's
-    ``Retry-After`` says when to try again."""
+class RetryLater(LemonkitError):
+    """A refusal that says when to try again: the answer's ``Retry-After`` (whole seconds, at least 1).
+
+    Args:
+        message: What went wrong, for a human.
+        retry_after: Seconds until a new attempt may succeed (an estimate).
+    """
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
+
+
+class TooManyRequests(RetryLater):
+    """A shared server's user is over a per-user limit (requests at once, queued, or per minute)."""
 
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, *, retry_after: float = 1.0, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.retry_after = retry_after
+
+class QueueFull(RetryLater):
+    """As many requests as the server allows (all users together) wait for a turn at the model already."""
+
+    status = 503
+    type = "server_busy_error"
+    code = "queue_full"
 
 
 class NotFound(LemonkitError, LookupError):

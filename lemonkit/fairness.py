@@ -13,6 +13,10 @@ A user's limits count, per user and across models:
 - *rate*: requests admitted per minute (a token bucket holding a minute's worth).
 
 ``0`` is no limit, the default (a personal server's one user is its owner).
+
+Besides, the requests waiting at one model, all users together, are bounded (``max_queue``, back-pressure): one
+more is refused at once with :class:`~lemonkit.errors.QueueFull` (503), told to retry once the queue ahead of it
+has likely been served, rather than left waiting past its client's own timeout.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from lemonkit.config import UserLimits
-from lemonkit.errors import TooManyRequests
+from lemonkit.errors import QueueFull, TooManyRequests
 
 __all__ = ["FairScheduler", "ModelQueue", "TokenBucket"]
 
@@ -91,6 +96,19 @@ class ModelQueue:
     @property
     def waiting(self) -> int:
         return sum(len(q) for q in self._waiting.values())
+
+    def retry_after(self) -> float:
+        """Seconds until the requests waiting now have likely had their turns (a refused request's
+        ``Retry-After``): the queue's depth times the typical turn, over the turns served at once."""
+        return self.typical_turn * max(1, self.waiting) / self.capacity
+
+    def health(self) -> dict[str, Any]:
+        """The ``/v1/health`` figures: slots busy and idle, requests waiting."""
+        busy = min(self.in_flight, self.capacity)
+        return {
+            "slots": {"total": self.capacity, "busy": busy, "idle": self.capacity - busy},
+            "queue_depth": self.waiting,
+        }
 
     def must_wait(self) -> bool:
         """Whether a request arriving now waits for its turn."""
@@ -168,10 +186,12 @@ class FairScheduler:
     Args:
         limits: Per-user limits (``0``: none).
         clock: Seconds, monotonic (the rate's bucket and the turn times).
+        max_queue: Requests of all users that may wait at one model (``0``: no bound).
     """
 
-    def __init__(self, limits: UserLimits, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, limits: UserLimits, clock: Callable[[], float] = time.monotonic, *, max_queue: int = 0) -> None:
         self.limits = limits
+        self.max_queue = max_queue
         self._clock = clock
         self._users: dict[str, _User] = {}
         self._buckets: dict[str, TokenBucket] = {}
@@ -183,6 +203,10 @@ class FairScheduler:
         if queue is None:
             queue = self._queues[model] = ModelQueue()
         return queue
+
+    def health(self, model: str) -> dict[str, Any]:
+        """``model``'s slots and queue, for ``/v1/health`` (what it would have before any request)."""
+        return self.queue(model).health()
 
     def busy(self, model: str) -> bool:
         """Whether ``model`` is serving a request or has some waiting."""
@@ -204,6 +228,7 @@ class FairScheduler:
 
         Raises:
             TooManyRequests: The user has ``max_active`` requests open, or used their rate; nothing was done.
+            QueueFull: ``max_queue`` requests wait at the model already; nothing was done.
         """
         limits = self.limits
         if limits.max_active and self.active(user) >= limits.max_active:
@@ -233,12 +258,21 @@ class FairScheduler:
                 del self._users[user]
 
     def _check_queued(self, user: str, model: str) -> None:
+        """Refuse a request that would wait where its user, or the model's queue, has no more room."""
         queue, limit = self.queue(model), self.limits.max_queued
+        if not queue.must_wait():
+            return
         waiting = self._users[user].queued if user in self._users else 0
-        if limit and queue.must_wait() and waiting >= limit:
+        if limit and waiting >= limit:
             raise TooManyRequests(
                 f"You have {waiting} requests waiting (at most {limit}): wait for one to start",
-                retry_after=queue.typical_turn * max(1, queue.waiting) / queue.capacity,
+                retry_after=queue.retry_after(),
+            )
+        if self.max_queue and queue.waiting >= self.max_queue:
+            raise QueueFull(
+                f"{queue.waiting} requests are waiting for {model} already (at most {self.max_queue}): "
+                "the server is busy, try again later",
+                retry_after=queue.retry_after(),
             )
 
     @contextlib.asynccontextmanager
@@ -247,6 +281,7 @@ class FairScheduler:
 
         Raises:
             TooManyRequests: The request would wait, and the user has ``max_queued`` requests waiting already.
+            QueueFull: The request would wait, and ``max_queue`` requests wait at the model already.
             CancelledError: The request was cancelled while it waited; it left the queue.
         """
         queue = self.queue(model)

@@ -77,6 +77,11 @@ class LoadedModel:
         return self.process is None or self.process.returncode is None
 
     @property
+    def slots(self) -> int:
+        """Requests it serves at once (its engine's slots)."""
+        return int(self.engine_info.get("slots", 1))
+
+    @property
     def backend_url(self) -> str:
         if self.upstream is not None:
             return self.upstream.endpoints[0].url
@@ -129,7 +134,7 @@ class ModelManager:
         self._load_lock = asyncio.Lock()
         self._last_used: str | None = None
         self._last_of: dict[str, str] = {}  # user -> the model of their last request
-        self.fairness = FairScheduler(settings.user_limits)
+        self.fairness = FairScheduler(settings.user_limits, max_queue=settings.max_queue)
         self._run_dir = Path(tempfile.mkdtemp(prefix="lemonkit-"))  # 0700: only we reach the sockets
         self._counter = 0
         self._captures: set[asyncio.Task[None]] = set()
@@ -150,7 +155,8 @@ class ModelManager:
             "status": "ok",
             "version": __version__,
             "model_loaded": self._last_used if self._last_used in self._loaded else None,
-            "all_models_loaded": [m.health() for m in self._loaded.values()],
+            # each with its slots and queue, read without waiting on the model
+            "all_models_loaded": [{**m.health(), **self.fairness.health(m.name)} for m in self._loaded.values()],
             "max_models": {kind: limit for kind in MODEL_TYPES},
         }
 
@@ -261,6 +267,7 @@ class ModelManager:
 
         Raises:
             TooManyRequests: The caller is over a per-user limit (nothing was done).
+            QueueFull: The model's queue (all users) is full (nothing was done).
             ModelLoadError: The model failed to download or load.
         """
         user = caller.current.get().name
@@ -268,7 +275,7 @@ class ModelManager:
             await self._ready(name, ctx_size)
             async with self.fairness.turn(name, user) as turn:
                 model = await self._ready(name, ctx_size)  # it may have been evicted while this request waited
-                turn.set_capacity(int(model.engine_info.get("slots", 1)))
+                turn.set_capacity(model.slots)
                 model.active += 1
                 model.idle.clear()
                 model.last_use = time.time()
@@ -288,6 +295,7 @@ class ModelManager:
 
         Raises:
             TooManyRequests: The caller is over a per-user limit.
+            QueueFull: The model's queue (all users) is full.
             ModelLoadError: The model failed to download or load.
         """
         async with self.fairness.admission(caller.current.get().name, name):
@@ -377,6 +385,7 @@ class ModelManager:
             model = await (self._connect(info) if info.remote is not None else self._start(info, options))
             model.pinned = pinned
             self._loaded[info.id] = model
+            self.fairness.queue(info.id).set_capacity(model.slots)  # /v1/health reports them before any request
             self._last_used = info.id
             log.info("loaded %s (%s)", info.id, f"pid {model.process.pid}" if model.process else model.backend_url)
             return model

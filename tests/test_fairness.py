@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from lemonkit.config import UserLimits
-from lemonkit.errors import TooManyRequests
+from lemonkit.errors import QueueFull, TooManyRequests, error_from_body
 from lemonkit.fairness import FairScheduler, ModelQueue, TokenBucket
 
 MODEL = "m"
@@ -56,8 +56,8 @@ class Run:
         return self.scheduler.queue(MODEL)
 
 
-def scheduler(**limits: int) -> FairScheduler:
-    return FairScheduler(UserLimits(**limits))
+def scheduler(max_queue: int = 0, **limits: int) -> FairScheduler:
+    return FairScheduler(UserLimits(**limits), max_queue=max_queue)
 
 
 async def test_one_user_batch_does_not_starve_another() -> None:
@@ -237,3 +237,73 @@ def test_user_limits_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LEMONKIT_USER_RATE", "many")
     with pytest.raises(ValueError, match="integer"):
         UserLimits.from_env()
+
+
+async def test_max_queue_bounds_all_users_waiting_at_a_model() -> None:
+    sched = scheduler(max_queue=2)
+    run = Run(sched)
+    holder = run.start("bob", "b0", hold=True)
+    await settle(lambda: run.order == ["b0"], "bob served")
+    assert run.queue.health() == {"slots": {"total": 1, "busy": 1, "idle": 0}, "queue_depth": 0}
+    waiting = [run.start("alice", "a0"), run.start("carol", "c0")]
+    await settle(lambda: run.queue.waiting == 2, "two users' requests queued")
+    assert run.queue.health()["queue_depth"] == 2
+    with pytest.raises(QueueFull) as refused:  # a third user, with no request of their own yet
+        async with sched.admission("dave", MODEL):
+            pass
+    assert refused.value.status == 503 and refused.value.code == "queue_full"
+    # two waiting, one served at a time: two typical turns (the first guess, nothing measured yet)
+    assert refused.value.retry_after == pytest.approx(2 * run.queue.typical_turn)
+    assert sched.active("dave") == 0  # the refused request left nothing behind
+    run.gates["b0"].set()
+    await asyncio.gather(holder, *waiting)
+    assert sorted(run.order[1:]) == ["a0", "c0"]
+    assert run.queue.health() == {"slots": {"total": 1, "busy": 0, "idle": 1}, "queue_depth": 0}
+    async with sched.admission("dave", MODEL), sched.turn(MODEL, "dave"):  # room again
+        pass
+
+
+async def test_max_queue_refuses_only_requests_that_would_wait() -> None:
+    sched = scheduler(max_queue=1)
+    sched.queue(MODEL).set_capacity(2)
+    run = Run(sched)
+    held = [run.start("alice", f"a{i}", hold=True) for i in range(2)]  # both slots, nobody waits
+    await settle(lambda: run.order == ["a0", "a1"], "two served at once")
+    queued = run.start("bob", "b0")
+    await settle(lambda: run.queue.waiting == 1, "bob queued")
+    with pytest.raises(QueueFull) as refused:
+        async with sched.admission("carol", MODEL), sched.turn(MODEL, "carol"):
+            pass
+    assert refused.value.retry_after == pytest.approx(run.queue.typical_turn / 2)  # two slots
+    for gate in run.gates.values():
+        gate.set()
+    await asyncio.gather(*held, queued)
+    assert run.order == ["a0", "a1", "b0"]
+
+
+async def test_no_max_queue_means_no_bound() -> None:
+    sched = scheduler()
+    run = Run(sched)
+    holder = run.start("bob", "b0", hold=True)
+    await settle(lambda: run.order == ["b0"], "bob served")
+    waiting = [run.start(f"u{i}", f"u{i}") for i in range(100)]
+    await settle(lambda: run.queue.waiting == 100, "a hundred queued")
+    run.gates["b0"].set()
+    await asyncio.gather(holder, *waiting)
+    assert len(run.order) == 101
+
+
+def test_queue_full_is_a_503_the_client_raises() -> None:
+    exc = error_from_body(503, QueueFull("busy", retry_after=3).to_dict())
+    assert isinstance(exc, QueueFull) and exc.status == 503 and exc.type == "server_busy_error"
+
+
+def test_max_queue_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lemonkit.config import DEFAULT_MAX_QUEUE, Settings
+
+    assert Settings().max_queue == DEFAULT_MAX_QUEUE
+    monkeypatch.setenv("LEMONKIT_MAX_QUEUE", "0")
+    assert Settings().max_queue == 0
+    monkeypatch.setenv("LEMONKIT_MAX_QUEUE", "-1")
+    with pytest.raises(ValueError, match="LEMONKIT_MAX_QUEUE"):
+        Settings()

@@ -30,7 +30,7 @@ from lemonkit.errors import (
     InvalidRequest,
     LemonkitError,
     NotFound,
-    TooManyRequests,
+    RetryLater,
 )
 from lemonkit.server.bodies import parse_json
 from lemonkit.server.caller import OWNER, Caller, current
@@ -115,7 +115,7 @@ class LemonkitHandler(_Base):
             return  # the stream writer already reported it as an error event
         self.clear()
         self.set_status(err.status)
-        if isinstance(err, TooManyRequests):
+        if isinstance(err, RetryLater):
             self.set_header("Retry-After", str(max(1, math.ceil(err.retry_after))))
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(err.to_dict()))

@@ -86,6 +86,10 @@ class LemonkitExtension(ExtensionApp):
     user_max_active = Int(None, allow_none=True, help="A user's model requests under way at once").tag(config=True)
     user_max_queued = Int(None, allow_none=True, help="A user's model requests waiting for a turn").tag(config=True)
     user_rate = Int(None, allow_none=True, help="A user's model requests per minute").tag(config=True)
+    # back-pressure; None: $LEMONKIT_MAX_QUEUE, else lemonkit's default
+    max_queue = Int(
+        None, allow_none=True, help="Model requests (all users) that may wait at one model; more get 503 (0: no bound)"
+    ).tag(config=True)
 
     # a single-user server of a JupyterHub can hand everything to the hub's shared service instead
     forward_to_hub = Bool(
@@ -146,6 +150,8 @@ class LemonkitExtension(ExtensionApp):
             remote=self._remote_settings(),
             user_limits=UserLimits.from_env(**{name: getattr(self, "user_" + name) for name in UserLimits.ENV}),
         )
+        if self.max_queue is not None:
+            settings = dataclasses.replace(settings, max_queue=self.max_queue)
         settings.api_key = None  # Jupyter's own auth guards every route
         self.service = Service(settings)
         self.settings.update({SETTINGS_KEY: self.service})
