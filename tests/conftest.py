@@ -32,7 +32,9 @@ os.environ.pop("LEMONADE_API_KEY", None)
 
 import httpx  # noqa: E402
 import openai  # noqa: E402
-from hub_server import HubServer  # noqa: E402
+from hub_server import HubServer, tiny_gguf_repo  # noqa: E402
+from llama_cpp_server import LlamaCppServer  # noqa: E402
+from processes import stop_process  # noqa: E402
 
 from lemonkit.testing.tiny_gguf import (  # noqa: E402
     write_tiny_bert_embedding,
@@ -160,12 +162,7 @@ class Standalone:
         return f"http://127.0.0.1:{self.port}/"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        stop_process(self.process)
         self._drainer.join(10)  # every line it wrote is in self.log
 
 
@@ -207,6 +204,27 @@ def hub() -> Iterator[HubServer]:
     """A local hub speaking the Hugging Face protocol (``HF_ENDPOINT`` for the code under test)."""
     with HubServer() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def module_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
+    """A local hub shared by one module's tests (each adds its own repos)."""
+    with HubServer(root=tmp_path_factory.mktemp("hub-objects")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def repo_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The files of a tiny GGUF repo, for a module's tests to publish on a hub."""
+    return tiny_gguf_repo(tmp_path_factory.mktemp("repo"))
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[LlamaCppServer]:
+    """llama-cpp-python's own OpenAI server with the bundled SmolLM2, as a ``remote`` upstream."""
+    server = LlamaCppServer()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+from processes import stop_process
 
 from lemonkit.config import DEFAULT_CHAT_MODEL
 from lemonkit.registry import Registry
@@ -100,11 +101,5 @@ class LlamaCppServer:
         self.process.wait(30)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        stop_process(self.process)
         self.log.close()

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import API_KEY, Host, Standalone
-from hub_server import HubServer, tiny_gguf_repo
+from hub_server import HubServer
 from waiting import until
 
 from lemonkit.downloads import Job
@@ -79,17 +79,6 @@ class Env:
 
     def partial(self, repo: str, path: str) -> Path:
         return self.storage(repo) / "blobs" / f"{self.hub.file(repo, path).sha256}.incomplete"
-
-
-@pytest.fixture(scope="module")
-def module_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
-    with HubServer(root=tmp_path_factory.mktemp("hub-objects")) as hub:
-        yield hub
-
-
-@pytest.fixture(scope="module")
-def repo_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return tiny_gguf_repo(tmp_path_factory.mktemp("repo"))
 
 
 @pytest.fixture(scope="module")

@@ -35,13 +35,6 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[LlamaCppServer]:
-    server = LlamaCppServer()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def upstream_lemonkit() -> Iterator[Standalone]:
     """A second ``lemonkit serve``: its own cache dir, its key required."""
     cache = tempfile.mkdtemp(prefix="lemonkit-upstream-")

@@ -19,13 +19,6 @@ NAME = "user.hub-remote"
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[LlamaCppServer]:
-    server = LlamaCppServer()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterHub]:
     environment = {"LEMONKIT_REMOTE_ALLOWED_HOSTS": "127.0.0.1"}
     with JupyterHub(tmp_path_factory.mktemp("hub-remote"), environment=environment) as running:

@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import pytest
 from conftest import API_KEY, Host, Standalone
-from hub_server import HubServer, tiny_gguf_repo
+from hub_server import HubServer
 from speech import SENTENCES, speech_samples, word_error_rate
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
@@ -45,17 +45,6 @@ class Env:
 
     def client(self) -> httpx.AsyncClient:
         return self.host.client()
-
-
-@pytest.fixture(scope="module")
-def module_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
-    with HubServer(root=tmp_path_factory.mktemp("hub-objects")) as hub:
-        yield hub
-
-
-@pytest.fixture(scope="module")
-def repo_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return tiny_gguf_repo(tmp_path_factory.mktemp("repo"))
 
 
 @pytest.fixture
