@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 from tornado.iostream import StreamClosedError
 
-from lemonkit.errors import BackendError, LemonkitError, ModelNotApplicable, ModelNotFound
+from lemonkit.errors import BackendError, InvalidArgument, LemonkitError, ModelNotApplicable, ModelNotFound
 from lemonkit.manager import LoadedModel
 from lemonkit.registry import ModelInfo
 from lemonkit.schemas import BOOL, OBJ, STR, Arr, Obj, Str
@@ -243,4 +243,10 @@ class UnloadAllModelsHandler(LemonkitHandler):
 
     async def post(self) -> None:
         self.require_admin("unloading models that every user shares")
+        fields = self.json_body(optional=True)
+        if fields:  # {"model_ids": [...]} sent here by mistake must not unload everything
+            raise InvalidArgument(
+                f"{', '.join(sorted(fields))[:200]}: this route takes no fields (it unloads every model); "
+                "use /v1/tasks/unload_models to choose"
+            )
         self.write_json({"unloaded": await self.service.manager.unload(drain=True)})

@@ -20,6 +20,9 @@ import soundfile
 from conftest import API_KEY, Host, Standalone
 from speech import SENTENCES, normalised_words, speech_wav, word_errors
 
+from lemonkit.client import Client
+from lemonkit.errors import Forbidden, InvalidArgument
+
 WHISPER = "Whisper-Tiny-En-Bundled"
 PIPER = "Piper-Joe-Medium-Bundled"
 CHAT_MODEL = "SmolLM2-135M-Instruct-Bundled"
@@ -304,4 +307,27 @@ async def test_unload_models_and_all_models(tasks: Host) -> None:
         assert none_left.json() == {"unloaded": []}
 
         assert_error(await client.post("tasks/unload_models", json={}), 400, "missing_argument")
+        assert_error(await client.post("tasks/unload_all_models", json={"model_ids": [PIPER]}), 400, "invalid_argument")
         assert_error(await client.post("tasks/unload_models", json={"model_ids": PIPER}), 400, "invalid_argument")
+
+
+@pytest.mark.slow
+async def test_the_python_client_runs_tasks(tasks: Host, allowed: Path) -> None:
+    def calls(client: Client) -> tuple[dict[str, Any], ...]:
+        speech = client.run_task(PIPER, text=SENTENCES[4], options={"voice": "joe"})
+        heard = client.run_task(WHISPER, audio=base64.b64decode(speech["audio"]), options={"language": "en"})
+        local = client.run_task(WHISPER, audio_path=str(allowed / "allowed" / "one.wav"))
+        with pytest.raises(Forbidden):
+            client.run_task(WHISPER, audio_path=str(allowed / "outside" / "speech.wav"))
+        with pytest.raises(InvalidArgument):
+            client.run_task(WHISPER, audio=b"RIFF", audio_path=str(allowed / "allowed" / "one.wav"))
+        return speech, heard, local, client.unload_models([PIPER, "no-such-model"])
+
+    def in_thread() -> tuple[dict[str, Any], ...]:
+        with Client(tasks.root, token=tasks.token) as client:
+            return calls(client)
+
+    speech, heard, local, unloaded = await asyncio.to_thread(in_thread)
+    assert speech["voice"] == "joe" and word_errors(SENTENCES[4], heard["text"]) <= 1, heard["text"]
+    assert normalised_words(local["text"]) == normalised_words(SENTENCES[2])
+    assert unloaded == {"unloaded": [PIPER], "not_found": ["no-such-model"]}
