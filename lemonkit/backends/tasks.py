@@ -159,33 +159,36 @@ def artifact(artifact_id: str, kind: str, payload: bytes, meta: Mapping[str, str
 
 
 def stream_events(
-    events: Iterator[dict[str, Any]], finish: Callable[[], dict[str, Any]], *, include_artifacts: bool
+    events: Iterator[dict[str, Any]],
+    finish: Callable[[], dict[str, Any]],
+    *,
+    include_artifacts: bool,
+    start: float | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The sidecar's stream of one task: ``task.stream.event`` per event, then ``task.stream.done`` with the result.
 
-    Each event is sent when the next one is ready (or the run is over), so the last can be marked ``is_final``; the
-    result's ``timing`` holds only ``ttft_ms``, measured from here (the engine is free and loaded) to the first
-    event with output (with ``include_artifacts``, artifacts count as output).
+    Each event goes out as soon as the engine produced it (``is_final: false``); a last event ``{"is_final": true}``
+    closes the run, carrying the result's artifacts with ``include_artifacts``. The result's ``timing`` holds only
+    ``ttft_ms``: from ``start`` (the engine is free and loaded) to the first event with output (with
+    ``include_artifacts``, artifacts count as output).
 
     Args:
         events: The engine's partial outputs (``partial_text``, ``audio``, ``word_timestamps``...), as produced.
         finish: Called once ``events`` is exhausted: the whole result (``artifacts`` included).
         include_artifacts: The result's artifacts also go out in the stream, on its last event.
+        start: ``time.perf_counter()`` when the run started (default: when the stream is first read).
     """
-    start = time.perf_counter()
+    start = time.perf_counter() if start is None else start
     first: float | None = None
-    pending: dict[str, Any] | None = None
     for event in events:
-        if first is None and any(key != "is_final" for key in event):
+        if first is None and event:
             first = time.perf_counter() - start
-        if pending is not None:
-            yield {"type": "task.stream.event", "event": {**pending, "is_final": False}}
-        pending = event
+        yield {"type": "task.stream.event", "event": {**event, "is_final": False}}
     result = finish()
+    last: dict[str, Any] = {"is_final": True}
     if include_artifacts and result.get("artifacts"):
-        pending = {**(pending or {}), "artifacts": result["artifacts"]}
+        last = {"artifacts": result["artifacts"], **last}
         first = first if first is not None else time.perf_counter() - start
-    if pending is not None:
-        yield {"type": "task.stream.event", "event": {**pending, "is_final": True}}
+    yield {"type": "task.stream.event", "event": last}
     result["timing"] = {"ttft_ms": round(first * 1000, 1) if first is not None else None}
     yield {"type": "task.stream.done", "result": result}

@@ -517,7 +517,7 @@ class FasterWhisperEngine:
             return result
 
         if task.stream:
-            return stream_events(events(), finish, include_artifacts=task.include_artifacts)
+            return stream_events(events(), finish, include_artifacts=task.include_artifacts, start=start)
         for _ in events():
             pass
         return finish()

@@ -194,8 +194,9 @@ async def test_stream_as_json_and_as_sse(tasks: Host, allowed: Path) -> None:
         assert whole.status_code == 200 and whole.headers["content-type"].startswith("application/json")
         body = whole.json()
         events, result = body["events"], body["result"]
-        assert len(events) == 2 and [e["is_final"] for e in events] == [False, True]  # one per sentence
-        pieces = [wav_samples(e["audio"])[0] for e in events]
+        # one per sentence as each is spoken, then the end of the run
+        assert len(events) == 3 and [e["is_final"] for e in events] == [False, False, True] and "audio" not in events[2]
+        pieces = [wav_samples(e["audio"])[0] for e in events[:2]]
         assert sum(len(p) for p in pieces) == len(wav_samples(result["audio"])[0])
         assert list(result["timing"]) == ["ttft_ms"] and result["timing"]["ttft_ms"] > 0
 
@@ -203,13 +204,10 @@ async def test_stream_as_json_and_as_sse(tasks: Host, allowed: Path) -> None:
         assert sse.status_code == 200 and sse.headers["content-type"].startswith("text/event-stream")
         assert sse.headers["x-accel-buffering"] == "no"
         frames = sse_frames(sse.text)
-        assert [f if f == "[DONE]" else f["type"] for f in frames] == [
-            "task.stream.event",
-            "task.stream.event",
-            "task.stream.done",
-            "[DONE]",
-        ]
-        assert frames[-2]["result"]["sample_rate"] == 22050 and frames[1]["event"]["is_final"] is True
+        kinds = [f if f == "[DONE]" else f["type"] for f in frames]
+        assert kinds == ["task.stream.event"] * 3 + ["task.stream.done", "[DONE]"]
+        assert all(wav_samples(f["event"]["audio"])[0].size and not f["event"]["is_final"] for f in frames[:2])
+        assert frames[-2]["result"]["sample_rate"] == 22050 and frames[2]["event"] == {"is_final": True}
 
         # Whisper streams a segment per event; include_artifacts puts the alignment on the last one
         path = str(allowed / "allowed" / "two.wav")
@@ -217,14 +215,14 @@ async def test_stream_as_json_and_as_sse(tasks: Host, allowed: Path) -> None:
         heard = await run(client, WHISPER, request, "tasks/stream", stream_format="sse", include_artifacts=True)
         frames = sse_frames(heard.text)
         assert frames[-1] == "[DONE]" and frames[-2]["type"] == "task.stream.done"
-        streamed = [f["event"] for f in frames[:-2]]
-        assert streamed and all(e["partial_text"]["language"] == "en" for e in streamed)
+        streamed, last = [f["event"] for f in frames[:-3]], frames[-3]["event"]
+        assert streamed and all(e["partial_text"]["language"] == "en" and e["word_timestamps"] for e in streamed)
         said = "".join(e["partial_text"]["text"] for e in streamed)
         assert (
             normalised_words(said) == normalised_words(frames[-2]["result"]["text"]) == normalised_words(SENTENCES[3])
         )
-        assert streamed[-1]["artifacts"][0]["kind"] == "transcript_alignment"
-        assert frames[-2]["result"]["artifacts"] == streamed[-1]["artifacts"]
+        assert last["is_final"] is True and last["artifacts"][0]["kind"] == "transcript_alignment"
+        assert frames[-2]["result"]["artifacts"] == last["artifacts"]
 
         # refused before the stream starts: statuses; turned away once it started: the error event, no [DONE]
         assert_error(

@@ -252,6 +252,7 @@ class SpeechEngine:
             InvalidArgument: Input audio or a ``voice_ref`` (these models read no audio and clone no voice), an
                 option they do not take, an unknown voice, a speed outside :attr:`speed_range`.
         """
+        start = time.perf_counter()
         task = TaskRequest.parse(body)
         task.check_options(TASK_OPTIONS, "text-to-speech")
         if task.audio is not None:
@@ -284,7 +285,7 @@ class SpeechEngine:
             return {**self._json_audio(samples, request.voice), "channels": 1, "artifacts": []}
 
         if task.stream:
-            return stream_events(events(), finish, include_artifacts=task.include_artifacts)
+            return stream_events(events(), finish, include_artifacts=task.include_artifacts, start=start)
         for _ in events():
             pass
         return finish()
