@@ -242,6 +242,20 @@ async def test_stream_as_json_and_as_sse(tasks: Host, allowed: Path) -> None:
 
 
 @pytest.mark.slow
+async def test_a_client_that_leaves_the_stream_stops_the_run(tasks: Host) -> None:
+    long_text = " ".join(f"This is sentence number {n} of a long story." for n in range(60))
+    body = {"model": PIPER, "request": {"text": long_text}, "stream_format": "sse"}
+    async with tasks.client() as client:
+        async with client.stream("POST", "tasks/stream", json=body) as response:
+            first = await anext(aiter(response.aiter_lines()))
+        assert json.loads(first[6:])["type"] == "task.stream.event"
+        # the sidecar serves one request at a time, in order: this answer comes once the abandoned run stopped
+        assert (await client.get("audio/voices", params={"model": PIPER})).status_code == 200
+        spoken = (await client.get("stats")).json()["audio"]["audio_duration_ms"]
+    assert spoken < 60 * 1500 / 2  # far less than the 60 sentences (about 1.5 s each)
+
+
+@pytest.mark.slow
 async def test_batch_on_whisper_and_refused_on_tts(tasks: Host, allowed: Path) -> None:
     entries = [{"audio": str(allowed / "allowed" / name)} for name in ("one.wav", "two.wav")]
     async with tasks.client() as client:
