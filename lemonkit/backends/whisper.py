@@ -496,7 +496,10 @@ class FasterWhisperEngine:
             raise MissingArgument("request.audio (a server-local path) or request.audio_base64 is required")
         audio = _audio(task.audio, "request audio")
         start = time.perf_counter()
-        pieces, language = self._decode(audio, request, max_new_tokens=task.max_tokens)
+        # Whisper decodes at most max_length tokens per window, half of them the prompt's: a larger bound is no bound
+        most = self._model.max_length // 2 - 8
+        bound = min(task.max_tokens, most) if task.max_tokens is not None else None
+        pieces, language = self._decode(audio, request, max_new_tokens=bound)
         segments: list[dict[str, Any]] = []
 
         def events() -> Iterator[dict[str, Any]]:

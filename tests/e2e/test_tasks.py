@@ -180,6 +180,11 @@ async def test_engines_refuse_what_they_cannot_do(tasks: Host, allowed: Path) ->
         unknown = await run(client, WHISPER, {"audio": inside, "options": {"beam": 3}})
         assert "options.beam" in assert_error(unknown, 400, "invalid_argument")
         assert_error(await run(client, WHISPER, {"text": "no audio"}), 400, "missing_argument")
+        short = await run(client, WHISPER, {"audio": inside, "max_tokens": 6})  # a timestamp and a few words
+        assert short.status_code == 200, short.text
+        assert len(normalised_words(short.json()["text"])) < len(normalised_words(SENTENCES[2])), short.text
+        unbounded = await run(client, WHISPER, {"audio": inside, "max_tokens": 10**12})  # clamped, as chat's is
+        assert normalised_words(unbounded.json()["text"]) == normalised_words(SENTENCES[2]), unbounded.text
         clone = await run(client, PIPER, {"text": "Hi.", "voice_ref": inside})
         assert "voice_ref" in assert_error(clone, 400, "invalid_argument")
         assert_error(await run(client, PIPER, {"audio": inside, "text": "Hi."}), 400, "invalid_argument")
