@@ -125,15 +125,21 @@ def speech_of(body: dict[str, Any], wav: bytes, headers: dict[str, str], clock: 
 def task_body(
     model: str,
     *,
-    text: str | None,
-    audio: bytes | None,
-    audio_path: str | None,
-    options: dict[str, Any] | None,
-    artifacts: list[dict[str, Any]] | None,
-    seed: int | None,
-    max_tokens: int | None,
+    text: str | None = None,
+    audio: bytes | None = None,
+    audio_path: str | None = None,
+    options: dict[str, Any] | None = None,
+    artifacts: list[dict[str, Any]] | None = None,
+    seed: int | None = None,
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The ``/v1/tasks/run`` body: WAV bytes go inline (``audio_base64``), a server-local path as ``audio``."""
+    """The ``/v1/tasks/run`` body of :meth:`SyncAudioMethods.run_task`'s keywords: WAV bytes go inline
+    (``audio_base64``), a server-local path as ``audio``.
+
+    Raises:
+        InvalidArgument: Both ``audio`` and ``audio_path``.
+        TypeError: A keyword it does not know.
+    """
     if audio is not None and audio_path is not None:
         raise InvalidArgument(
             "Give the task's audio as bytes (audio=) or as a server-local path (audio_path=), not both"
@@ -311,30 +317,17 @@ class SyncAudioMethods:
         model = model or _model(self.health(), "tts")
         return voices_of(self.request("GET", "audio/voices", params={"model": model}))
 
-    def run_task(
-        self,
-        model: str,
-        *,
-        text: str | None = None,
-        audio: bytes | None = None,
-        audio_path: str | None = None,
-        options: dict[str, Any] | None = None,
-        artifacts: list[dict[str, Any]] | None = None,
-        seed: int | None = None,
-        max_tokens: int | None = None,
-    ) -> dict[str, Any]:
+    def run_task(self, model: str, **request: Any) -> dict[str, Any]:
         """Run one generic task (audio-api.md's ``/v1/tasks/run``): text to speech, or speech to text.
 
         Args:
             model: An audio model: a text-to-speech model speaks ``text``; a speech-to-text model transcribes
                 ``audio``.
-            text: What a text-to-speech model says.
-            audio: A WAV file's bytes, sent inline.
-            audio_path: Instead of ``audio``: a file on the server, inside its allowed directories.
-            options: The model's options (``{"word_timestamps": True}``, ``{"voice": "joe"}``...).
-            artifacts: Artifacts a result returned, sent back (``id``, ``kind``, ``payload``/``path``, ``meta``).
-            seed: For models that sample.
-            max_tokens: Bounds the tokens a model generates.
+            request: The task's fields, each keyword-only and optional: ``text`` (what a text-to-speech model
+                says), ``audio`` (a WAV file's bytes, sent inline) or ``audio_path`` (a file on the server, inside
+                its allowed directories), ``options`` (the model's: ``{"word_timestamps": True}``,
+                ``{"voice": "joe"}``...), ``artifacts`` (what a result returned, sent back), ``seed``,
+                ``max_tokens``.
 
         Returns:
             The result as the server gives it: ``text``/``language``/``word_timestamps`` or ``audio`` (base64 WAV)
@@ -342,6 +335,7 @@ class SyncAudioMethods:
 
         Raises:
             InvalidArgument: Both ``audio`` and ``audio_path``, or a request the server refuses (400).
+            TypeError: A field it does not know.
             Forbidden: ``audio_path`` outside the server's allowed directories.
             LemonkitError: As :meth:`transcribe`.
 
@@ -350,17 +344,7 @@ class SyncAudioMethods:
             >>> result["sample_rate"]
             22050
         """
-        body = task_body(
-            model,
-            text=text,
-            audio=audio,
-            audio_path=audio_path,
-            options=options,
-            artifacts=artifacts,
-            seed=seed,
-            max_tokens=max_tokens,
-        )
-        result: dict[str, Any] = self.request("POST", "tasks/run", json=body)
+        result: dict[str, Any] = self.request("POST", "tasks/run", json=task_body(model, **request))
         return result
 
     def unload_models(self, model_ids: list[str]) -> dict[str, Any]:
@@ -444,30 +428,9 @@ class AsyncAudioMethods:
         model = model or _model(await self.health(), "tts")
         return voices_of(await self.request("GET", "audio/voices", params={"model": model}))
 
-    async def run_task(
-        self,
-        model: str,
-        *,
-        text: str | None = None,
-        audio: bytes | None = None,
-        audio_path: str | None = None,
-        options: dict[str, Any] | None = None,
-        artifacts: list[dict[str, Any]] | None = None,
-        seed: int | None = None,
-        max_tokens: int | None = None,
-    ) -> dict[str, Any]:
+    async def run_task(self, model: str, **request: Any) -> dict[str, Any]:
         """See :meth:`SyncAudioMethods.run_task`."""
-        body = task_body(
-            model,
-            text=text,
-            audio=audio,
-            audio_path=audio_path,
-            options=options,
-            artifacts=artifacts,
-            seed=seed,
-            max_tokens=max_tokens,
-        )
-        result: dict[str, Any] = await self.request("POST", "tasks/run", json=body)
+        result: dict[str, Any] = await self.request("POST", "tasks/run", json=task_body(model, **request))
         return result
 
     async def unload_models(self, model_ids: list[str]) -> dict[str, Any]:
