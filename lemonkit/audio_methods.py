@@ -8,6 +8,7 @@ Building each request and reading its answer are plain functions here (:class:`A
 
 from __future__ import annotations
 
+import base64
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from lemonkit.transcripts import Transcript
 if TYPE_CHECKING:
     from lemonkit.client import Server
 
-__all__ = ["AsyncAudioMethods", "AudioInput", "AudioRequest", "SyncAudioMethods", "audio_upload"]
+__all__ = ["AsyncAudioMethods", "AudioInput", "AudioRequest", "SyncAudioMethods", "audio_upload", "task_body"]
 
 #: what ``transcribe`` and ``align`` take: a file's path, its bytes, samples (with ``sample_rate``), or a clip
 AudioInput = str | os.PathLike[str] | bytes | bytearray | np.ndarray | AudioClip
@@ -119,6 +120,40 @@ def speech_of(body: dict[str, Any], wav: bytes, headers: dict[str, str], clock: 
         speed=body["speed"],
         provenance=provenance.build("audio/speech", body, headers, clock, api),
     )
+
+
+def task_body(
+    model: str,
+    *,
+    text: str | None = None,
+    audio: bytes | None = None,
+    audio_path: str | None = None,
+    options: dict[str, Any] | None = None,
+    artifacts: list[dict[str, Any]] | None = None,
+    seed: int | None = None,
+    max_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The ``/v1/tasks/run`` body of :meth:`SyncAudioMethods.run_task`'s keywords: WAV bytes go inline
+    (``audio_base64``), a server-local path as ``audio``.
+
+    Raises:
+        InvalidArgument: Both ``audio`` and ``audio_path``.
+        TypeError: A keyword it does not know.
+    """
+    if audio is not None and audio_path is not None:
+        raise InvalidArgument(
+            "Give the task's audio as bytes (audio=) or as a server-local path (audio_path=), not both"
+        )
+    request = _options(
+        text=text,
+        audio_base64=base64.b64encode(audio).decode() if audio is not None else None,
+        audio=audio_path,
+        options=options,
+        artifacts=artifacts,
+        seed=seed,
+        max_tokens=max_tokens,
+    )
+    return {"model": model, "request": request}
 
 
 def voices_of(answer: dict[str, Any]) -> list[str]:
@@ -282,6 +317,48 @@ class SyncAudioMethods:
         model = model or _model(self.health(), "tts")
         return voices_of(self.request("GET", "audio/voices", params={"model": model}))
 
+    def run_task(self, model: str, **request: Any) -> dict[str, Any]:
+        """Run one generic task (audio-api.md's ``/v1/tasks/run``): text to speech, or speech to text.
+
+        Args:
+            model: An audio model: a text-to-speech model speaks ``text``; a speech-to-text model transcribes
+                ``audio``.
+            request: The task's fields, each keyword-only and optional: ``text`` (what a text-to-speech model
+                says), ``audio`` (a WAV file's bytes, sent inline) or ``audio_path`` (a file on the server, inside
+                its allowed directories), ``options`` (the model's: ``{"word_timestamps": True}``,
+                ``{"voice": "joe"}``...), ``artifacts`` (what a result returned, sent back), ``seed``,
+                ``max_tokens``.
+
+        Returns:
+            The result as the server gives it: ``text``/``language``/``word_timestamps`` or ``audio`` (base64 WAV)
+            with ``sample_rate``, ``artifacts``, ``timing``.
+
+        Raises:
+            InvalidArgument: Both ``audio`` and ``audio_path``, or a request the server refuses (400).
+            TypeError: A field it does not know.
+            Forbidden: ``audio_path`` outside the server's allowed directories.
+            LemonkitError: As :meth:`transcribe`.
+
+        Example:
+            >>> result = lemonkit.Client().run_task("Piper-Joe-Medium-Bundled", text="Hello.")
+            >>> result["sample_rate"]
+            22050
+        """
+        result: dict[str, Any] = self.request("POST", "tasks/run", json=task_body(model, **request))
+        return result
+
+    def unload_models(self, model_ids: list[str]) -> dict[str, Any]:
+        """Unload these models once the requests they serve finish (``/v1/tasks/unload_models``).
+
+        Returns:
+            ``{"unloaded": [...], "not_found": [...]}`` (models not loaded are in neither).
+
+        Raises:
+            AdminRequired: A shared server's user who is not an admin.
+        """
+        result: dict[str, Any] = self.request("POST", "tasks/unload_models", json={"model_ids": list(model_ids)})
+        return result
+
 
 class AsyncAudioMethods:
     """Mixed into :class:`~lemonkit.client.AsyncClient`: :class:`SyncAudioMethods`' methods, awaitable."""
@@ -350,3 +427,13 @@ class AsyncAudioMethods:
         """See :meth:`SyncAudioMethods.voices`."""
         model = model or _model(await self.health(), "tts")
         return voices_of(await self.request("GET", "audio/voices", params={"model": model}))
+
+    async def run_task(self, model: str, **request: Any) -> dict[str, Any]:
+        """See :meth:`SyncAudioMethods.run_task`."""
+        result: dict[str, Any] = await self.request("POST", "tasks/run", json=task_body(model, **request))
+        return result
+
+    async def unload_models(self, model_ids: list[str]) -> dict[str, Any]:
+        """See :meth:`SyncAudioMethods.unload_models`."""
+        result: dict[str, Any] = await self.request("POST", "tasks/unload_models", json={"model_ids": list(model_ids)})
+        return result

@@ -327,8 +327,15 @@ class ModelManager:
                 raise
             raise ModelLoadError(f"Downloading {info.id} failed: {exc.message}") from exc
 
-    async def unload(self, name: str | None = None) -> list[str]:
+    async def unload(self, name: str | None = None, *, drain: bool = False) -> list[str]:
         """Unload one model (by id or alias) or, without a name, all of them.
+
+        Args:
+            name: The model; ``None``: every loaded model.
+            drain: Let the requests it is serving finish first (a request that comes meanwhile loads it afresh).
+
+        Returns:
+            The ids of the models unloaded.
 
         Raises:
             ModelNotFound: ``name`` is not loaded.
@@ -341,16 +348,16 @@ class ModelManager:
             if model is None:
                 raise ModelNotFound(f"Model not loaded: {name}")
             victims = [model]
-        return await self._unload(victims)
+        return await self._unload(victims, drain=drain)
 
     async def unload_where(self, predicate: Callable[[LoadedModel], bool]) -> list[str]:
         """Unload every loaded model ``predicate`` selects (those of a backend that is being uninstalled)."""
         return await self._unload([m for m in self._loaded.values() if predicate(m)])
 
-    async def _unload(self, victims: list[LoadedModel]) -> list[str]:
+    async def _unload(self, victims: list[LoadedModel], *, drain: bool = False) -> list[str]:
         for model in victims:
             self._loaded.pop(model.name, None)
-        await asyncio.gather(*(self._stop(m, drain=False) for m in victims))
+        await asyncio.gather(*(self._stop(m, drain=drain) for m in victims))
         return [m.name for m in victims]
 
     def discard(self, model: LoadedModel) -> None:

@@ -119,6 +119,9 @@ class Engine(Protocol):
     #   edit(body, *, cancelled)              body["files"]: the images, then the mask when body["has_mask"]
     #   vary(body, *, cancelled)              body["files"][0] is the source image
     #   upscale(body, *, cancelled)           body["files"][0]; {"created", "data": [{"b64_json"}]}
+    # and audio engines the generic tasks (lemonkit.backends.tasks)
+    #   run_task(body, *, cancelled)          a result dict, or task.stream.* events when body["stream"]
+    #   run_task_batch(body, *, cancelled)    task.batch.* events (engines with a native batch path only)
 
     def stats(self) -> dict[str, Any]:
         """``/v1/stats`` fields for the last request this engine served."""
@@ -159,6 +162,10 @@ ROUTES: dict[str, SidecarRoute] = {
     "/v1/images/edits": SidecarRoute("edit", True, files=True),
     "/v1/images/variations": SidecarRoute("vary", True, files=True),
     "/v1/images/upscale": SidecarRoute("upscale", True, files=True),
+    # audio-api.md's generic tasks (backends/tasks.py): run_task answers /v1/tasks/run and, with ``stream``,
+    # /v1/tasks/stream; only engines with a native batch path have run_task_batch
+    "/v1/tasks/run": SidecarRoute("run_task", True, files=True),
+    "/v1/tasks/batch": SidecarRoute("run_task_batch", True, files=True),
 }
 
 

@@ -7,13 +7,15 @@ settings; Whisper's 80-bin defaults without it).
 Three calls (see :mod:`lemonkit.backends.base`): :meth:`FasterWhisperEngine.transcribe` (one upload, a JSON answer or
 ``transcript.text.*`` events), :meth:`~FasterWhisperEngine.align` (forced alignment of a known text with
 CTranslate2's ``Whisper.align``) and :meth:`~FasterWhisperEngine.transcribe_batch` (several uploads through
-faster-whisper's batched pipeline, one event per file as it is done). Times in answers are seconds; the front
-turns them into samples where a route wants them.
+faster-whisper's batched pipeline, one event per file as it is done); and the generic tasks of audio-api.md
+(:meth:`~FasterWhisperEngine.run_task`, :meth:`~FasterWhisperEngine.run_task_batch`), which map onto the same calls.
+Times in answers are seconds; the front turns them into samples where a route wants them.
 """
 
 from __future__ import annotations
 
 import bisect
+import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ import numpy as np
 
 from lemonkit.audio import WHISPER_RATE, Decoded, decode
 from lemonkit.backends.base import Cancelled, LoadSpec, Upload, physical_cores
+from lemonkit.backends.tasks import TaskRequest, artifact, batch_requests, stream_events
 from lemonkit.errors import InvalidArgument, MissingArgument, ModelLoadError
 
 __all__ = ["FasterWhisperEngine"]
@@ -34,6 +37,15 @@ BEAM_SIZE = 5
 WINDOW_SECONDS = 30
 #: chunks decoded together by the batched pipeline
 BATCH_SIZE = 8
+#: ``options`` a task takes (audio-api.md's ``/v1/tasks/run``), with what each does
+TASK_OPTIONS = {
+    "language": "'auto' or a language code",
+    "prompt": "text that primes the decoder",
+    "temperature": "0 to 1; absent: Whisper's fallback schedule",
+    "word_timestamps": "true: each word's time, and a transcript_alignment artifact",
+}
+#: ``meta.format`` of the ``transcript_alignment`` artifact: JSON ``{"sample_rate", "words": [...]}``
+ALIGNMENT_FORMAT = "lemonkit.transcript_alignment/1"
 
 
 @dataclass
@@ -139,6 +151,29 @@ def _aligned_word(word: dict[str, Any], duration: float) -> dict[str, Any]:
     }
 
 
+def _task_word(word: dict[str, Any], duration: float) -> dict[str, Any]:
+    return {**_aligned_word(word, duration), "word": str(word["word"]).strip()}
+
+
+def _task_result(segments: list[dict[str, Any]], language: str, duration: float, *, words: bool) -> dict[str, Any]:
+    """A task's result (see :meth:`FasterWhisperEngine.run_task`) from the transcript's segments."""
+    result: dict[str, Any] = {
+        "text": "".join(s["text"] for s in segments).strip(),
+        "language": language,
+        "duration": round(duration, 3),
+        "artifacts": [],
+    }
+    if words:
+        timed = [_task_word(w, duration) for s in segments for w in s.get("words", [])]
+        result["word_timestamps"] = timed
+        result["sample_rate"] = WHISPER_RATE
+        # the words' times as an artifact too, so that a client can keep them with other artifacts and send them on
+        payload = json.dumps({"sample_rate": WHISPER_RATE, "words": timed}).encode()
+        meta = {"format": ALIGNMENT_FORMAT, "sample_rate": str(WHISPER_RATE)}
+        result["artifacts"] = [artifact("whisper.words", "transcript_alignment", payload, meta)]
+    return result
+
+
 def _audio(upload: Upload, what: str = "the audio") -> Decoded:
     decoded = decode(upload.content, sample_rate=WHISPER_RATE)
     if decoded.duration <= 0:
@@ -235,8 +270,11 @@ class FasterWhisperEngine:
                 continue
             yield event
 
-    def _run(self, audio: Decoded, request: _Request, cancelled: Cancelled) -> Iterator[dict[str, Any]]:
-        start = time.perf_counter()
+    def _decode(
+        self, audio: Decoded, request: _Request, *, max_new_tokens: int | None = None
+    ) -> tuple[Iterator[dict[str, Any]], str]:
+        """The segments of ``audio`` as each is decoded (lazily: decoding stops when the caller stops asking), and
+        the language (given, or detected before the first segment)."""
         pieces, info = self._model.transcribe(
             audio.samples,
             language=request.language,
@@ -244,18 +282,23 @@ class FasterWhisperEngine:
             temperature=request.temperature,
             word_timestamps=request.word_timestamps,
             beam_size=self._beam,
+            max_new_tokens=max_new_tokens,
         )
+        return (_segment(index, piece) for index, piece in enumerate(pieces)), info.language
+
+    def _run(self, audio: Decoded, request: _Request, cancelled: Cancelled) -> Iterator[dict[str, Any]]:
+        start = time.perf_counter()
+        pieces, language = self._decode(audio, request)
         segments: list[dict[str, Any]] = []
         first: float | None = None
-        for piece in pieces:
-            segment = _segment(len(segments), piece)
+        for segment in pieces:
             delta = segment["text"].lstrip() if not segments else segment["text"]
             segments.append(segment)
             first = first if first is not None else time.perf_counter() - start
             yield {"type": "transcript.text.delta", "delta": delta}
             if cancelled():
                 return
-        answer = _answer(segments, info.language, audio.duration)
+        answer = _answer(segments, language, audio.duration)
         answer["timing"] = _timing(start, audio.duration)
         self._record(answer["timing"], first, sum(len(s["tokens"]) for s in segments))
         yield {"type": "transcript.text.done", **answer}
@@ -427,6 +470,121 @@ class FasterWhisperEngine:
             group = [span["start"], span["end"]]
         if group is not None:
             yield {"start": offset + group[0] / WHISPER_RATE, "end": offset + group[1] / WHISPER_RATE}
+
+    # -- generic tasks (audio-api.md's /v1/tasks/*) ----------------------------------------------------------
+
+    def run_task(self, body: dict[str, Any], *, cancelled: Cancelled) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """``/v1/tasks/run`` and ``/stream``: the task's audio to text (see :mod:`lemonkit.backends.tasks`).
+
+        ``options``: :data:`TASK_OPTIONS`. ``max_tokens`` bounds the tokens decoded per 30-s window; ``text``,
+        ``seed``, ``voice_ref`` and artifacts are not read (Whisper has no use for them).
+
+        Returns:
+            ``{"text", "language", "duration", "artifacts", "timing"}``, with ``options.word_timestamps`` also
+            ``word_timestamps`` (``word``, ``start``/``end`` in seconds, ``start_sample``/``end_sample``,
+            ``confidence``), ``sample_rate`` and a ``transcript_alignment`` artifact of those words; with ``stream``
+            the events of :func:`~lemonkit.backends.tasks.stream_events`, one per segment (its ``partial_text``).
+
+        Raises:
+            MissingArgument: No audio.
+            UndecodableAudio: The audio is not audio.
+            InvalidArgument: An option Whisper does not take, or a wrong value.
+        """
+        task = TaskRequest.parse(body)
+        request = self._task_request(task)
+        if task.audio is None:
+            raise MissingArgument("request.audio (a server-local path) or request.audio_base64 is required")
+        audio = _audio(task.audio, "request audio")
+        start = time.perf_counter()
+        # Whisper decodes at most max_length tokens per window, half of them the prompt's: a larger bound is no bound
+        most = self._model.max_length // 2 - 8
+        bound = min(task.max_tokens, most) if task.max_tokens is not None else None
+        pieces, language = self._decode(audio, request, max_new_tokens=bound)
+        segments: list[dict[str, Any]] = []
+
+        def events() -> Iterator[dict[str, Any]]:
+            for segment in pieces:
+                text = segment["text"].lstrip() if not segments else segment["text"]
+                segments.append(segment)
+                event: dict[str, Any] = {"partial_text": {"text": text, "language": language}}
+                if request.word_timestamps:
+                    event["word_timestamps"] = [_task_word(w, audio.duration) for w in segment.get("words", [])]
+                yield event
+                if cancelled():
+                    return
+
+        def finish() -> dict[str, Any]:
+            result = _task_result(segments, language, audio.duration, words=request.word_timestamps)
+            result["timing"] = _timing(start, audio.duration)
+            self._record(result["timing"], None, sum(len(s["tokens"]) for s in segments))
+            return result
+
+        if task.stream:
+            return stream_events(events(), finish, include_artifacts=task.include_artifacts, start=start)
+        for _ in events():
+            pass
+        return finish()
+
+    def run_task_batch(self, body: dict[str, Any], *, cancelled: Cancelled) -> Iterator[dict[str, Any]]:
+        """``/v1/tasks/batch``: every entry's audio through the batched pipeline of :meth:`transcribe_batch`.
+
+        One native batch decodes with one set of options, so every entry must carry the same ``options``.
+
+        Returns:
+            Events ``task.batch.result`` (``index``, ``result``: the fields of :meth:`run_task`'s result, ``timing``
+            ``null``) in entry order as each is done, then ``task.batch.done`` (``result_count``, aggregate
+            ``timing``).
+
+        Raises:
+            MissingArgument: An entry without audio.
+            InvalidArgument: Entries with different options, or an option Whisper does not take.
+            UndecodableAudio: An entry's audio is not audio (the message names the entry).
+        """
+        tasks = batch_requests(body)
+        for index, task in enumerate(tasks):
+            if task.audio is None:
+                raise MissingArgument(f"requests[{index}].audio: each entry needs its audio (a server-local path)")
+            if task.options != tasks[0].options:
+                raise InvalidArgument(
+                    f"requests[{index}].options: one native Whisper batch decodes every entry with the same options; "
+                    f"entry 0 has {tasks[0].options}, this one {task.options}"
+                )
+        request = self._task_request(tasks[0])
+        files = [task.audio for task in tasks if task.audio is not None]
+        audios = []
+        for index, upload in enumerate(files):
+            try:
+                audios.append(_audio(upload))
+            except InvalidArgument as exc:
+                exc.message = f"requests[{index}].audio: {exc.message}"
+                raise
+        return self._task_batch_events(self._batch_events(files, audios, request, cancelled), request)
+
+    @staticmethod
+    def _task_batch_events(events: Iterator[dict[str, Any]], request: _Request) -> Iterator[dict[str, Any]]:
+        for event in events:
+            if event["type"] == "batch.transcription.result":
+                result = _task_result(
+                    event["segments"], event["language"], event["duration"], words=request.word_timestamps
+                )
+                yield {"type": "task.batch.result", "index": event["index"], "result": {**result, "timing": None}}
+            else:
+                yield {"type": "task.batch.done", "result_count": event["result_count"], "timing": event["timing"]}
+
+    def _task_request(self, task: TaskRequest) -> _Request:
+        """A task's options as a transcription request.
+
+        Raises:
+            InvalidArgument: An option Whisper does not take, or a wrong value.
+        """
+        task.check_options(TASK_OPTIONS, "Whisper")
+        fields = {
+            "language": task.options.get("language"),
+            "prompt": task.options.get("prompt"),
+            "temperature": task.number("temperature", 0, 1),
+            "word_timestamps": task.flag("word_timestamps"),
+        }
+        return _Request.parse(fields, self._languages)
 
     # -- the rest of the engine protocol ---------------------------------------------------------------------
 

@@ -10,13 +10,16 @@ and are refused too, and numbers that overflow to them are refused as ``invalid_
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
+import re
 from typing import Any
 
 from lemonkit.errors import InvalidArgument, InvalidJSON
 
-__all__ = ["MAX_DEPTH", "parse_json"]
+__all__ = ["MAX_DEPTH", "decode_base64", "parse_json"]
 
 #: deepest nesting of arrays and objects accepted (JSON schemas and tool parameters stay far below it)
 MAX_DEPTH = 128
@@ -94,3 +97,29 @@ def parse_json(raw: bytes | str, what: str = "body") -> Any:
         raise InvalidJSON(f"The {what} is not valid JSON") from None
     _check_tree(value, what)
     return value
+
+
+#: a data URL's head (``data:image/png;base64,``), which clients that read a file in a browser leave on
+_DATA_URL = re.compile(r"^data:[\w.+-]+/[\w.+-]+(?:;[\w.+-]+=[\w.+-]+)*;base64,", re.IGNORECASE)
+
+
+def decode_base64(text: str, *, what: str = "image", noun: str = "image", allow_empty: bool = False) -> bytes:
+    """The bytes of a base64 field (a ``data:...;base64,`` head is allowed; whitespace is ignored).
+
+    Args:
+        text: The field's value.
+        what: The field, for messages.
+        noun: What the bytes are (``image``, ``WAV file``...), for messages.
+        allow_empty: Zero bytes are a value (an artifact's payload may be empty).
+
+    Raises:
+        InvalidArgument: Not base64, or empty unless ``allow_empty``.
+    """
+    text = _DATA_URL.sub("", text.strip(), count=1)
+    try:
+        data = base64.b64decode("".join(text.split()), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidArgument(f"{what}: expected a base64-encoded {noun} ({exc})") from None
+    if not data and not allow_empty:
+        raise InvalidArgument(f"{what}: the {noun} is empty")
+    return data

@@ -16,6 +16,7 @@ from lemonkit.server import (
     options,
     realtime,
     speech,
+    tasks,
     upscale,
 )
 from lemonkit.server.base import LemonkitHandler, LemonkitWebSocket, NotFoundHandler
@@ -42,6 +43,11 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("images/edits", images.ImageEditHandler),
     ("images/variations", images.ImageVariationHandler),
     ("images/upscale", upscale.UpscaleHandler),
+    ("tasks/run", tasks.TaskRunHandler),
+    ("tasks/stream", tasks.TaskStreamHandler),
+    ("tasks/batch", tasks.TaskBatchHandler),
+    ("tasks/unload_models", tasks.UnloadModelsHandler),
+    ("tasks/unload_all_models", tasks.UnloadAllModelsHandler),
     ("models", openai.ModelsHandler),
     ("models/(?P<model_id>[^/]+)/files", options.ModelFilesHandler),
     ("models/(?P<model_id>[^/]+)/options", options.ModelOptionsHandler),

@@ -11,39 +11,19 @@ Upscalers are ``on-demand`` models: they load on their first request, never thro
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import re
 from typing import Any
 
 from lemonkit.backends.base import Upload
-from lemonkit.errors import InvalidArgument, ModelNotApplicable
+from lemonkit.errors import ModelNotApplicable
 from lemonkit.manager import LoadedModel
 from lemonkit.registry import ModelInfo
+from lemonkit.server.bodies import decode_base64
 from lemonkit.server.openai import ModelRouteHandler
 
 __all__ = ["UPSCALING_RECIPES", "UpscaleHandler", "decode_base64"]
 
 #: recipes whose engine upscales
 UPSCALING_RECIPES = ("ncnn",)
-#: a data URL's head, which clients that read an image from a browser leave on
-_DATA_URL = re.compile(r"^data:image/[\w.+-]+;base64,", re.IGNORECASE)
-
-
-def decode_base64(text: str, *, what: str = "image") -> bytes:
-    """The bytes of a base64 field (a ``data:image/...;base64,`` head is allowed; whitespace is ignored).
-
-    Raises:
-        InvalidArgument: Not base64, or empty.
-    """
-    text = _DATA_URL.sub("", text.strip(), count=1)
-    try:
-        data = base64.b64decode("".join(text.split()), validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidArgument(f"{what}: expected a base64-encoded image ({exc})") from None
-    if not data:
-        raise InvalidArgument(f"{what}: the image is empty")
-    return data
 
 
 class UpscaleHandler(ModelRouteHandler):

@@ -78,7 +78,7 @@ CORPUS: list[tuple[str, bytes, str]] = [
 ]
 
 #: the routes where an empty body (or ``{}``) is a valid request
-EMPTY_IS_VALID = {"UnloadHandler"}
+EMPTY_IS_VALID = {"UnloadHandler", "UnloadAllModelsHandler"}
 EMPTY = {"empty-json", "whitespace"}
 
 

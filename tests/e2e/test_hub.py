@@ -107,6 +107,8 @@ def test_a_token_without_the_access_scope_is_a_json_403(hub: JupyterHub) -> None
         ("uninstall", {"recipe": "llamacpp", "backend": "cpu"}),
         ("downloads/control", {"id": "model:x", "action": "cancel"}),
         ("unload", {"model_name": DEFAULT_CHAT_MODEL}),
+        ("tasks/unload_models", {"model_ids": [DEFAULT_CHAT_MODEL]}),
+        ("tasks/unload_all_models", {}),
         ("load", {"model_name": DEFAULT_CHAT_MODEL, "ctx_size": 512}),
         ("load", {"model_name": DEFAULT_CHAT_MODEL, "pinned": True}),
         (f"models/{DEFAULT_CHAT_MODEL}/options", {"ctx_size": 512}),

@@ -48,9 +48,10 @@ from typing import Any
 
 import numpy as np
 
-from lemonkit.audio import ENCODINGS, MEDIA_TYPES, encode, pcm16, wav_bytes
+from lemonkit.audio import ENCODINGS, MEDIA_TYPES, encode, pcm16
 from lemonkit.backends.base import NO_STATS, Binary, BinaryStream, Cancelled, LoadSpec
-from lemonkit.errors import InvalidArgument
+from lemonkit.backends.tasks import TaskRequest, stream_events, wav_base64
+from lemonkit.errors import InvalidArgument, MissingArgument
 
 __all__ = [
     "OPENAI_VOICES",
@@ -83,6 +84,8 @@ OPENAI_VOICES: dict[str, tuple[str, tuple[str, ...]]] = {
 RESPONSE_FORMATS = (*ENCODINGS, "json")
 #: OpenAI's speed range, which the route accepts; engines may take less
 SPEED_RANGE = (0.25, 4.0)
+#: ``options`` a task takes (audio-api.md's ``/v1/tasks/run``), with what each does
+TASK_OPTIONS = {"voice": "one of the model's voices, or an OpenAI voice name", "speed": "speaking-rate multiplier"}
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+")
 
@@ -229,16 +232,74 @@ class SpeechEngine:
         parts = list(pieces)
         samples = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
         if request.response_format == "json":
-            return {
-                "audio": base64.b64encode(wav_bytes(samples, self.sample_rate)).decode(),
-                "format": "wav",
-                "sample_rate": self.sample_rate,
-                "duration": len(samples) / self.sample_rate,
-                "voice": request.voice,
-                "timing": self._timing(),
-            }
+            return self._json_audio(samples, request.voice)
         fmt = request.response_format
         return Binary(encode(samples, self.sample_rate, fmt), MEDIA_TYPES[fmt], headers)
+
+    def run_task(self, body: dict[str, Any], *, cancelled: Cancelled) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """``/v1/tasks/run`` and ``/stream``: the task's ``text`` spoken (see :mod:`lemonkit.backends.tasks`).
+
+        ``options``: :data:`TASK_OPTIONS`. ``seed`` is used by engines that sample noise; ``max_tokens`` and
+        artifacts are not read (these models generate no tokens and take no state).
+
+        Returns:
+            ``{"audio" (base64 WAV), "sample_rate", "channels", "duration", "voice", "artifacts", "timing"}``; with
+            ``stream`` the events of :func:`~lemonkit.backends.tasks.stream_events`, one per sentence (its
+            ``audio``, a WAV of that sentence).
+
+        Raises:
+            MissingArgument: No ``text``.
+            InvalidArgument: Input audio or a ``voice_ref`` (these models read no audio and clone no voice), an
+                option they do not take, an unknown voice, a speed outside :attr:`speed_range`.
+        """
+        start = time.perf_counter()
+        task = TaskRequest.parse(body)
+        task.check_options(TASK_OPTIONS, "text-to-speech")
+        if task.audio is not None:
+            raise InvalidArgument("request.audio: this text-to-speech model reads no input audio; send request.text")
+        if task.voice_ref is not None:
+            raise InvalidArgument(
+                f"request.voice_ref: this model cannot clone a voice from reference audio; choose one of its voices "
+                f"({', '.join(self.voice_genders)}) with options.voice"
+            )
+        if not task.text or not task.text.strip():
+            raise MissingArgument("request.text: the text to speak is required")
+        speed = task.number("speed", *self.speed_range)
+        request = SpeechRequest(
+            text=task.text,
+            voice=self.resolve_voice(task.options.get("voice")),
+            speed=1.0 if speed is None else speed,
+            response_format="wav",
+            stream=None,
+            seed=task.seed,
+        )
+        parts: list[np.ndarray] = []
+
+        def events() -> Iterator[dict[str, Any]]:
+            for samples in self._pieces(request, cancelled):
+                parts.append(samples)
+                yield {"audio": wav_base64(samples, self.sample_rate)}
+
+        def finish() -> dict[str, Any]:
+            samples = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+            return {**self._json_audio(samples, request.voice), "channels": 1, "artifacts": []}
+
+        if task.stream:
+            return stream_events(events(), finish, include_artifacts=task.include_artifacts, start=start)
+        for _ in events():
+            pass
+        return finish()
+
+    def _json_audio(self, samples: np.ndarray, voice: str) -> dict[str, Any]:
+        """Speech as base64 WAV in JSON, with its rate, length, voice and timing."""
+        return {
+            "audio": wav_base64(samples, self.sample_rate),
+            "format": "wav",
+            "sample_rate": self.sample_rate,
+            "duration": len(samples) / self.sample_rate,
+            "voice": voice,
+            "timing": self._timing(),
+        }
 
     def request(self, body: dict[str, Any]) -> SpeechRequest:
         """``body`` checked and its voice resolved.
