@@ -4,7 +4,7 @@
 This module is the catalogue (which recipes exist, their roles with the task and mode each needs, and why one is
 not available here) and the checking of a run request: its ``models`` per role and its role-prefixed ``options``
 (``asr.language``, ``conversation.max_tokens``, ``tts.voice``...). Running a recipe is
-:mod:`lemonkit.voice_chat`'s; serving it is :mod:`lemonkit.server.recipes`'. Nothing here touches a model.
+:mod:`lemonkit.voice_pipeline`'s; serving it is :mod:`lemonkit.server.recipes`'. Nothing here touches a model.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Recipe routes: ``GET /v1/recipes`` and ``POST /v1/recipes/run`` (spec: ``audio-api.md``).
 
 The catalogue and the request's checks are :mod:`lemonkit.recipes`', the voice-chat pipeline is
-:mod:`lemonkit.voice_chat`'s; this module serves them and reaches the models (:class:`SidecarStages`: each role's
+:mod:`lemonkit.voice_pipeline`'s; this module serves them and reaches the models (:class:`SidecarStages`: each role's
 model held through the manager, as any inference route holds its one).
 
 ``stream: true`` answers with the event/done SSE envelope of ``/v1/tasks/stream``: ``task.stream.event`` frames,
@@ -26,7 +26,7 @@ from lemonkit.backends.base import Upload
 from lemonkit.errors import BackendError, LemonkitError, ModelNotApplicable, error_from_body
 from lemonkit.server.audio import read_allowed_file
 from lemonkit.server.base import LemonkitHandler
-from lemonkit.voice_chat import Speaker, VoiceChat
+from lemonkit.voice_pipeline import Speaker, VoiceChat
 
 __all__ = ["RecipeRunHandler", "RecipesHandler", "SidecarStages", "task_event"]
 

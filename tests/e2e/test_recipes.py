@@ -5,6 +5,7 @@ ends, a client that leaves, the refusals; and ``lemonkit.voice_chat()``."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -16,10 +17,14 @@ from typing import Any
 import httpx
 import pytest
 from conftest import API_KEY, Host, Standalone
-from speech import SENTENCES, normalised_words, speech_wav, word_errors
+from IPython.core.formatters import DisplayFormatter
+from speech import SENTENCES, normalised_words, speech_samples, speech_wav, word_errors
 from waiting import until
 
-from lemonkit.voice_chat import SentenceChunker
+import lemonkit
+from lemonkit import api
+from lemonkit.client import AsyncClient
+from lemonkit.voice_pipeline import SentenceChunker
 
 WHISPER, CHAT, PIPER = "Whisper-Tiny-En-Bundled", "SmolLM2-135M-Instruct-Bundled", "Piper-Joe-Medium-Bundled"
 #: greedy replies: the same question gets the same answer
@@ -300,6 +305,39 @@ async def test_undecodable_inline_audio_is_refused(served: Host) -> None:
             response = await client.post("recipes/run", json=run_body({"audio_base64": junk}, stream=stream))
             assert response.status_code == 400, response.text
             assert response.json()["error"]["code"] in ("invalid_audio", "invalid_argument")
+
+
+@pytest.mark.slow
+async def test_voice_chat_in_python(served: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("LEMONKIT_URL", served.root)
+    monkeypatch.setenv("LEMONKIT_TOKEN", served.token or "")
+    monkeypatch.setattr(api, "_client", None)
+    question = speech_samples(SENTENCES[2], 16000)  # samples, as transcribe() takes them
+    reply = await asyncio.to_thread(
+        lemonkit.voice_chat, question, sample_rate=16000, max_tokens=30, temperature=0, seed=1
+    )
+    assert isinstance(reply, lemonkit.VoiceChatReply)
+    assert normalised_words(reply.transcript) == normalised_words(SENTENCES[2])
+    assert normalised_words(reply.text) and reply.speech.text == reply.text
+    assert reply.models == {"asr": WHISPER, "conversation": CHAT, "tts": PIPER} and reply.speech.model == PIPER
+    assert reply.provenance["route"] == "recipes/run" and reply.timing["wall_ms"] > 0
+    # in a notebook it shows the question, the reply and a player holding the reply's audio
+    data, _ = DisplayFormatter().format(reply)
+    page = data["text/html"]
+    assert "<audio controls" in page and "data:audio/wav;base64," in page
+    assert reply.text.split()[0] in page and "Heard:" in page
+    # the audio saved is the reply spoken: Whisper hears its words
+    saved = reply.save(tmp_path / "reply.wav")
+    async with AsyncClient(served.root, token=served.token) as client:
+        heard_back = await client.transcribe(saved)
+        assert word_errors(reply.text, heard_back.text) <= 1
+        # the next turn, from a file's bytes, through the async client, carries on the conversation
+        following = await client.voice_chat(speech_wav(SENTENCES[5]), history=reply, max_tokens=6, temperature=0)
+    conversation = json.loads(base64.b64decode(following.artifacts[0]["payload"]))
+    assert [m["content"] for m in conversation][:2] == [reply.transcript, reply.text]
+    assert len(conversation) == 4 and following.speech.duration > 0
+    assert api._client is not None
+    api._client.close()
 
 
 def test_sentences_are_cut_as_they_complete() -> None:
