@@ -41,7 +41,8 @@ def task_event(body: dict[str, Any]) -> bytes:
 class SidecarStages:
     """The voice chat's models reached through their sidecars, each held with :meth:`ModelManager.use` for as long
     as the pipeline needs it. Only the transcription counts toward the caller's request rate: one run is one
-    request.
+    request. Toward ``LEMONKIT_USER_MAX_ACTIVE`` it counts as two while the voice speaks during the reply's
+    generation (a limit of 1 refuses the second with 429).
 
     Args:
         handler: The request's handler (its sidecar helpers, its manager).

@@ -298,6 +298,22 @@ async def test_a_client_that_leaves_stops_every_stage(served: Host) -> None:
 
 
 @pytest.mark.slow
+async def test_a_stage_that_fails_mid_run_ends_the_stream_with_an_error(served: Host) -> None:
+    # the voice turns the request away only when the first sentence reaches it: after the stream started
+    body = run_body({"audio_base64": inline(SENTENCES[2])}, **{"conversation.max_tokens": 30, "tts.voice": "nobody"})
+    async with served.client() as client:
+        refused = await client.post("recipes/run", json=body)
+        assert "nobody" in assert_error(refused, 400, "invalid_argument")
+        async with client.stream("POST", "recipes/run", json={**body, "stream": True}) as response:
+            assert response.status_code == 200
+            received = await frames(response)
+    assert received[0]["event"]["role"] == "asr"
+    error = received[-1]
+    assert set(error) == {"type", "error"} and error["type"] == "error" and "nobody" in error["error"]["message"]
+    assert not any(f == "[DONE]" or f["type"] == "task.stream.done" for f in received)
+
+
+@pytest.mark.slow
 async def test_undecodable_inline_audio_is_refused(served: Host) -> None:
     junk = base64.b64encode(b"this is not audio at all" * 40).decode()
     async with served.client() as client:
