@@ -7,6 +7,7 @@ In a notebook or a script::
     lemonkit.models()                                    # a model browser in a notebook
     lemonkit.transcribe("talk.wav").plot()               # every word timed, over the waveform
     lemonkit.speak("Hello there.")                       # plays inline
+    lemonkit.voice_chat("question.wav")                  # heard, answered, and the answer spoken (plays inline)
     lemonkit.upscale(picture)                            # a PIL image, 4x, as a grid with its settings
 
 Every function uses one shared :class:`Client` (:func:`default_client`), which finds its server (the Jupyter
@@ -40,6 +41,7 @@ from lemonkit.api import (
     unload,
     upscale,
     vary_image,
+    voice_chat,
     voices,
 )
 from lemonkit.client import AsyncClient, Client, ServerUnavailable
@@ -63,6 +65,7 @@ from lemonkit.provenance import ReplayResult, replay
 from lemonkit.results import ChatResult, ModelList, RankedDocument, Ranking
 from lemonkit.speech import AudioClip, Speech
 from lemonkit.transcripts import Segment, Transcript, Word
+from lemonkit.voice_chat_reply import VoiceChatReply
 
 __version__ = "0.1.0"
 
@@ -94,6 +97,7 @@ __all__ = [
     "StructuredOutputError",
     "Transcript",
     "Unauthorized",
+    "VoiceChatReply",
     "Word",
     "__version__",
     "align",
@@ -120,6 +124,7 @@ __all__ = [
     "unload",
     "upscale",
     "vary_image",
+    "voice_chat",
     "voices",
 ]
 

@@ -16,9 +16,11 @@ from lemonkit.inference import Embeddings, Messages
 from lemonkit.results import ChatResult, ModelList, Ranking
 from lemonkit.speech import Speech
 from lemonkit.transcripts import Transcript
+from lemonkit.voice_chat_reply import VoiceChatOptions, VoiceChatReply
 
 if TYPE_CHECKING:
     import openai
+    from typing_extensions import Unpack
 
 __all__ = [
     "align",
@@ -43,6 +45,7 @@ __all__ = [
     "unload",
     "upscale",
     "vary_image",
+    "voice_chat",
     "voices",
 ]
 
@@ -274,6 +277,11 @@ def speak(text: str, model: str | None = None, *, voice: str | None = None, spee
 @_doc_of(Client.voices)
 def voices(model: str | None = None) -> list[str]:
     return default_client().voices(model)
+
+
+@_doc_of(Client.voice_chat)
+def voice_chat(question: AudioInput, **options: Unpack[VoiceChatOptions]) -> VoiceChatReply:
+    return default_client().voice_chat(question, **options)
 
 
 @_doc_of(Client.generate_image)

@@ -20,11 +20,22 @@ from lemonkit import audio, config, inference, provenance
 from lemonkit.errors import InvalidArgument
 from lemonkit.speech import AudioClip, Speech
 from lemonkit.transcripts import Transcript
+from lemonkit.voice_chat_reply import VoiceChatOptions, VoiceChatReply
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from lemonkit.client import Server
 
-__all__ = ["AsyncAudioMethods", "AudioInput", "AudioRequest", "SyncAudioMethods", "audio_upload", "task_body"]
+__all__ = [
+    "AsyncAudioMethods",
+    "AudioInput",
+    "AudioRequest",
+    "SyncAudioMethods",
+    "audio_upload",
+    "task_body",
+    "voice_chat_body",
+]
 
 #: what ``transcribe`` and ``align`` take: a file's path, its bytes, samples (with ``sample_rate``), or a clip
 AudioInput = str | os.PathLike[str] | bytes | bytearray | np.ndarray | AudioClip
@@ -154,6 +165,63 @@ def task_body(
         max_tokens=max_tokens,
     )
     return {"model": model, "request": request}
+
+
+#: option -> the role-prefixed recipe option it is sent as (``POST /v1/recipes/run``)
+_VOICE_CHAT_OPTIONS = {
+    "language": "asr.language",
+    "max_tokens": "conversation.max_tokens",
+    "temperature": "conversation.temperature",
+    "seed": "conversation.seed",
+    "voice": "tts.voice",
+    "speed": "tts.speed",
+}
+_VOICE_CHAT_MODELS = {"asr_model": "asr", "chat_model": "conversation", "tts_model": "tts"}
+
+
+def voice_chat_body(question: AudioInput, options: VoiceChatOptions) -> dict[str, Any]:
+    """The ``voice-chat`` recipe's ``POST /v1/recipes/run`` body: the question inline (base64), each option under its
+    role's prefix, those not given left out (the recipe's defaults, ``GET /v1/recipes``)."""
+    given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+    (_, data, _), _ = audio_upload(question, given.get("sample_rate"))
+    request: dict[str, Any] = {
+        "audio_base64": base64.b64encode(data).decode(),
+        "options": {prefixed: given[k] for k, prefixed in _VOICE_CHAT_OPTIONS.items() if k in given},
+    }
+    if "system_prompt" in given:
+        request["text"] = given["system_prompt"]
+    if "history" in given:
+        request["artifacts"] = given["history"].artifacts
+    models = {role: given[k] for k, role in _VOICE_CHAT_MODELS.items() if k in given}
+    return {"recipe": "voice-chat", "models": models, "request": request}
+
+
+def voice_chat_of(
+    body: dict[str, Any], answer: dict[str, Any], headers: dict[str, str], clock: provenance.Clock, api: str
+) -> VoiceChatReply:
+    """The :class:`~lemonkit.voice_chat_reply.VoiceChatReply` of the recipe's JSON result."""
+    facts = provenance.build("recipes/run", body, headers, clock, api)
+    decoded = audio.decode(base64.b64decode(answer["audio"]), sample_rate=None)
+    models, options = answer.get("models") or {}, body["request"]["options"]
+    speech = Speech(
+        decoded.samples,
+        decoded.sample_rate,
+        text=answer["text"],
+        model=models.get("tts"),
+        voice=options.get("tts.voice"),
+        speed=options.get("tts.speed") or 1.0,
+        provenance=facts,
+    )
+    return VoiceChatReply(
+        text=answer["text"],
+        transcript=answer["transcript"],
+        speech=speech,
+        language=answer.get("language"),
+        models=models,
+        timing=answer.get("timing") or {},
+        artifacts=answer.get("artifacts") or [],
+        provenance=facts,
+    )
 
 
 def voices_of(answer: dict[str, Any]) -> list[str]:
@@ -297,6 +365,47 @@ class SyncAudioMethods:
         wav = self.request("POST", "audio/speech", json=body, headers_out=headers, raw=True)
         return speech_of(body, wav, headers, clock, self.server.api)
 
+    def voice_chat(self, question: AudioInput, **options: Unpack[VoiceChatOptions]) -> VoiceChatReply:
+        """Answer a spoken question with speech: transcription, then chat, then speech, in one call.
+
+        It is one request to the server's ``voice-chat`` recipe (``POST /v1/recipes/run``) rather than three calls:
+        the server speaks each sentence of the reply while the rest is generated, so the turn ends sooner, and the
+        audio crosses the connection once each way.
+
+        Args:
+            question: A file's path, its bytes, samples (a numpy array, with ``sample_rate``) or an
+                :class:`~lemonkit.speech.AudioClip` (as :meth:`transcribe` takes).
+            **options: All keyword-only: ``sample_rate`` (of ``question`` given as samples); ``system_prompt``
+                (the chat model's instructions; default: a spoken-conversation prompt); ``history`` (the previous
+                turn's :class:`~lemonkit.voice_chat_reply.VoiceChatReply`: the conversation goes on from it);
+                ``asr_model``, ``chat_model``, ``tts_model`` (default: the recipe's, ``GET /v1/recipes``);
+                ``language`` (spoken; default: detected); ``max_tokens``, ``temperature``, ``seed`` (the chat
+                model's; ``temperature=0``: the same question gets the same reply); ``voice`` (one of
+                :meth:`voices`), ``speed`` (speaking rate, 1.0 normal).
+
+        Returns:
+            A :class:`~lemonkit.voice_chat_reply.VoiceChatReply`: ``.text``, ``.transcript``, ``.speech`` (plays
+            inline in a notebook, ``.save(path)``), ``.timing``.
+
+        Raises:
+            InvalidArgument: Samples without ``sample_rate``, a bad option.
+            UndecodableAudio: The server cannot decode the question.
+            ModelNotApplicable: A model that does not play its role.
+            ModelNotFound: A model that is not registered.
+            ServerUnavailable: No server could be reached or started.
+
+        Example:
+            >>> reply = lemonkit.Client().voice_chat("question.wav", max_tokens=40)
+            >>> reply.transcript, reply.text
+            ('What color is the sky?', 'The sky is blue.')
+            >>> reply.save("answer.wav")
+            PosixPath('answer.wav')
+        """
+        body = voice_chat_body(question, options)
+        clock, headers = provenance.Clock(), dict[str, str]()
+        answer = self.request("POST", "recipes/run", json=body, headers_out=headers)
+        return voice_chat_of(body, answer, headers, clock, self.server.api)
+
     def voices(self, model: str | None = None) -> list[str]:
         """The voices of a text-to-speech model.
 
@@ -422,6 +531,13 @@ class AsyncAudioMethods:
         clock, headers = provenance.Clock(), dict[str, str]()
         wav = await self.request("POST", "audio/speech", json=body, headers_out=headers, raw=True)
         return speech_of(body, wav, headers, clock, (await self.server()).api)
+
+    async def voice_chat(self, question: AudioInput, **options: Unpack[VoiceChatOptions]) -> VoiceChatReply:
+        """See :meth:`SyncAudioMethods.voice_chat`."""
+        body = voice_chat_body(question, options)
+        clock, headers = provenance.Clock(), dict[str, str]()
+        answer = await self.request("POST", "recipes/run", json=body, headers_out=headers)
+        return voice_chat_of(body, answer, headers, clock, (await self.server()).api)
 
     async def voices(self, model: str | None = None) -> list[str]:
         """See :meth:`SyncAudioMethods.voices`."""

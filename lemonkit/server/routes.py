@@ -15,6 +15,7 @@ from lemonkit.server import (
     openai,
     options,
     realtime,
+    recipes,
     speech,
     tasks,
     upscale,
@@ -62,6 +63,8 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("downloads", downloads.DownloadsHandler),
     ("downloads/control", downloads.DownloadsControlHandler),
     ("delete", downloads.DeleteHandler),
+    ("recipes", recipes.RecipesHandler),
+    ("recipes/run", recipes.RecipeRunHandler),
     ("install", install.InstallHandler),
     ("uninstall", install.UninstallHandler),
 ]

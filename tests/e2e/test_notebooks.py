@@ -258,6 +258,13 @@ def test_audio_in_a_jupyter_kernel(offline_jupyter: tuple[JupyterServer, Path]) 
     assert word_errors("Open the door and turn on the light.", slow) <= 1, slow
     saved = ast.literal_eval(_outputs(notebook, "speech.save(")[-1]["data"]["text/plain"])
     assert word_errors(found["sentence"], saved) <= 1, saved
+    # a spoken question answered with speech that plays inline
+    (answered,) = [
+        o for o in _outputs(notebook, "reply = lemonkit.voice_chat(") if o["output_type"] == "execute_result"
+    ]
+    assert "<audio" in answered["data"]["text/html"] and "Heard:" in answered["data"]["text/html"]
+    transcript_and_reply = _printed(_outputs(notebook, "print(reply.transcript)")).splitlines()
+    assert word_errors("What is the capital of France?", transcript_and_reply[0]) <= 1 and transcript_and_reply[1]
     for fragment in ("lemonkit.SpeechPanel(", "lemonkit.TranscriptionPanel()"):
         (panel,) = [o for o in _outputs(notebook, fragment) if o["output_type"] == "execute_result"]
         assert WIDGET in panel["data"]

@@ -56,6 +56,7 @@ from lemonkit.errors import InvalidArgument, MissingArgument
 __all__ = [
     "OPENAI_VOICES",
     "RESPONSE_FORMATS",
+    "SENTENCE_END",
     "SpeechEngine",
     "SpeechRequest",
     "l16_media_type",
@@ -87,7 +88,8 @@ SPEED_RANGE = (0.25, 4.0)
 #: ``options`` a task takes (audio-api.md's ``/v1/tasks/run``), with what each does
 TASK_OPTIONS = {"voice": "one of the model's voices, or an OpenAI voice name", "speed": "speaking-rate multiplier"}
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+")
+#: where one sentence (or line) of a text ends and the next begins
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+")
 
 
 def physical_cores() -> int:
@@ -111,7 +113,7 @@ def l16_media_type(sample_rate: int) -> str:
 
 def sentences(text: str) -> list[str]:
     """``text`` cut after each sentence's end punctuation and at line breaks: the pieces a stream sends one by one."""
-    return [piece.strip() for piece in _SENTENCE_END.split(text) if piece and piece.strip()]
+    return [piece.strip() for piece in SENTENCE_END.split(text) if piece and piece.strip()]
 
 
 def streaming_mode(body: dict[str, Any]) -> str | None:
