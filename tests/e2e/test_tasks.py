@@ -20,7 +20,7 @@ import soundfile
 from conftest import API_KEY, Host, Standalone
 from speech import SENTENCES, normalised_words, speech_wav, word_errors
 
-from lemonkit.client import Client
+from lemonkit.client import AsyncClient, Client
 from lemonkit.errors import Forbidden, InvalidArgument
 
 WHISPER = "Whisper-Tiny-En-Bundled"
@@ -348,3 +348,10 @@ async def test_the_python_client_runs_tasks(tasks: Host, allowed: Path) -> None:
     assert speech["voice"] == "joe" and word_errors(SENTENCES[4], heard["text"]) <= 1, heard["text"]
     assert normalised_words(local["text"]) == normalised_words(SENTENCES[2])
     assert unloaded == {"unloaded": [PIPER], "not_found": ["no-such-model"]}
+
+    async with AsyncClient(tasks.root, token=tasks.token) as client:
+        spoken = await client.run_task(PIPER, text="Hello again.", seed=3)
+        assert wav_samples(spoken["audio"])[1] == 22050
+        assert await client.unload_models([PIPER]) == {"unloaded": [PIPER], "not_found": []}
+        with pytest.raises(TypeError):
+            await client.run_task(PIPER, txt="a typo")
