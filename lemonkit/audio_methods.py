@@ -24,7 +24,7 @@ from lemonkit.transcripts import Transcript
 if TYPE_CHECKING:
     from lemonkit.client import Server
 
-__all__ = ["AsyncAudioMethods", "AudioInput", "AudioRequest", "SyncAudioMethods", "audio_upload", "task_body"]
+__all__ = ["AsyncAudioMethods", "AudioInput", "AudioRequest", "SyncAudioMethods", "audio_upload"]
 
 #: what ``transcribe`` and ``align`` take: a file's path, its bytes, samples (with ``sample_rate``), or a clip
 AudioInput = str | os.PathLike[str] | bytes | bytearray | np.ndarray | AudioClip
