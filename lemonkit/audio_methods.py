@@ -122,6 +122,17 @@ def speech_of(body: dict[str, Any], wav: bytes, headers: dict[str, str], clock: 
     )
 
 
+def voices_of(answer: dict[str, Any]) -> list[str]:
+    """The voice names of a ``/v1/audio/voices`` answer (names, or records with an ``id``/``name``)."""
+    return [v if isinstance(v, str) else str(v.get("id") or v.get("name")) for v in answer.get("voices") or ()]
+
+
+def _model(health: dict[str, Any], kind: str) -> str:
+    """``model=None``: the loaded model of ``kind`` (``transcription``/``tts``), else the bundled default."""
+    default = config.default_transcription_model() if kind == "transcription" else config.default_speech_model()
+    return inference.loaded_model(health, kind) or default
+
+
 def task_body(
     model: str,
     *,
@@ -154,17 +165,6 @@ def task_body(
         max_tokens=max_tokens,
     )
     return {"model": model, "request": request}
-
-
-def voices_of(answer: dict[str, Any]) -> list[str]:
-    """The voice names of a ``/v1/audio/voices`` answer (names, or records with an ``id``/``name``)."""
-    return [v if isinstance(v, str) else str(v.get("id") or v.get("name")) for v in answer.get("voices") or ()]
-
-
-def _model(health: dict[str, Any], kind: str) -> str:
-    """``model=None``: the loaded model of ``kind`` (``transcription``/``tts``), else the bundled default."""
-    default = config.default_transcription_model() if kind == "transcription" else config.default_speech_model()
-    return inference.loaded_model(health, kind) or default
 
 
 class SyncAudioMethods:
