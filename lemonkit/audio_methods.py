@@ -141,7 +141,7 @@ def task_body(
     audio_path: str | None = None,
     options: dict[str, Any] | None = None,
     artifacts: list[dict[str, Any]] | None = None,
-    seed: int | None = None,
+    seed: int | str | None = None,
     max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The ``/v1/tasks/run`` body of :meth:`SyncAudioMethods.run_task`'s keywords: WAV bytes go inline
@@ -326,8 +326,8 @@ class SyncAudioMethods:
             request: The task's fields, each keyword-only and optional: ``text`` (what a text-to-speech model
                 says), ``audio`` (a WAV file's bytes, sent inline) or ``audio_path`` (a file on the server, inside
                 its allowed directories), ``options`` (the model's: ``{"word_timestamps": True}``,
-                ``{"voice": "joe"}``...), ``artifacts`` (what a result returned, sent back), ``seed``,
-                ``max_tokens``.
+                ``{"voice": "joe"}``...), ``artifacts`` (what a result returned, sent back), ``seed``
+                (a uint64 past 2**53 as text), ``max_tokens``.
 
         Returns:
             The result as the server gives it: ``text``/``language``/``word_timestamps`` or ``audio`` (base64 WAV)
