@@ -33,7 +33,6 @@ __all__ = [
     "AudioRequest",
     "SyncAudioMethods",
     "audio_upload",
-    "task_body",
     "voice_chat_body",
 ]
 
@@ -133,6 +132,17 @@ def speech_of(body: dict[str, Any], wav: bytes, headers: dict[str, str], clock: 
     )
 
 
+def voices_of(answer: dict[str, Any]) -> list[str]:
+    """The voice names of a ``/v1/audio/voices`` answer (names, or records with an ``id``/``name``)."""
+    return [v if isinstance(v, str) else str(v.get("id") or v.get("name")) for v in answer.get("voices") or ()]
+
+
+def _model(health: dict[str, Any], kind: str) -> str:
+    """``model=None``: the loaded model of ``kind`` (``transcription``/``tts``), else the bundled default."""
+    default = config.default_transcription_model() if kind == "transcription" else config.default_speech_model()
+    return inference.loaded_model(health, kind) or default
+
+
 def task_body(
     model: str,
     *,
@@ -141,7 +151,7 @@ def task_body(
     audio_path: str | None = None,
     options: dict[str, Any] | None = None,
     artifacts: list[dict[str, Any]] | None = None,
-    seed: int | None = None,
+    seed: int | str | None = None,
     max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The ``/v1/tasks/run`` body of :meth:`SyncAudioMethods.run_task`'s keywords: WAV bytes go inline
@@ -222,17 +232,6 @@ def voice_chat_of(
         artifacts=answer.get("artifacts") or [],
         provenance=facts,
     )
-
-
-def voices_of(answer: dict[str, Any]) -> list[str]:
-    """The voice names of a ``/v1/audio/voices`` answer (names, or records with an ``id``/``name``)."""
-    return [v if isinstance(v, str) else str(v.get("id") or v.get("name")) for v in answer.get("voices") or ()]
-
-
-def _model(health: dict[str, Any], kind: str) -> str:
-    """``model=None``: the loaded model of ``kind`` (``transcription``/``tts``), else the bundled default."""
-    default = config.default_transcription_model() if kind == "transcription" else config.default_speech_model()
-    return inference.loaded_model(health, kind) or default
 
 
 class SyncAudioMethods:
@@ -435,8 +434,8 @@ class SyncAudioMethods:
             request: The task's fields, each keyword-only and optional: ``text`` (what a text-to-speech model
                 says), ``audio`` (a WAV file's bytes, sent inline) or ``audio_path`` (a file on the server, inside
                 its allowed directories), ``options`` (the model's: ``{"word_timestamps": True}``,
-                ``{"voice": "joe"}``...), ``artifacts`` (what a result returned, sent back), ``seed``,
-                ``max_tokens``.
+                ``{"voice": "joe"}``...), ``artifacts`` (what a result returned, sent back), ``seed``
+                (a uint64 past 2**53 as text), ``max_tokens``.
 
         Returns:
             The result as the server gives it: ``text``/``language``/``word_timestamps`` or ``audio`` (base64 WAV)

@@ -147,12 +147,13 @@ def _artifacts(value: object, allowed: Sequence[Path], prefix: str) -> list[dict
     return out
 
 
-def _count(value: object, what: str, *, low: int) -> int:
+def _count(value: object, what: str, *, low: int, high: int | None = None) -> int:
     # a seed may come as a JSON string: numbers past 2^53 lose precision on the way through JSON
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise InvalidArgument(f"{what}: expected an integer of at least {low}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        span = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise InvalidArgument(f"{what}: expected an integer {span}")
     return value
 
 
@@ -204,7 +205,7 @@ def read_task(
     if request.get("max_tokens") is not None:
         task.fields["max_tokens"] = _count(request["max_tokens"], f"{where}.max_tokens", low=1)
     if request.get("seed") is not None:
-        task.fields["seed"] = _count(request["seed"], f"{where}.seed", low=0)
+        task.fields["seed"] = _count(request["seed"], f"{where}.seed", low=0, high=2**64 - 1)  # a uint64
     options, artifacts = request.get("options"), request.get("artifacts")
     task.fields["options"] = {} if options is None else _text_map(options, f"{where}.options")
     task.fields["artifacts"] = [] if artifacts is None else _artifacts(artifacts, allowed, prefix)

@@ -20,7 +20,7 @@ import soundfile
 from conftest import API_KEY, Host, Standalone
 from speech import SENTENCES, normalised_words, speech_wav, word_errors
 
-from lemonkit.client import Client
+from lemonkit.client import AsyncClient, Client
 from lemonkit.errors import Forbidden, InvalidArgument
 
 WHISPER = "Whisper-Tiny-En-Bundled"
@@ -165,6 +165,7 @@ async def test_refusals_before_any_model_runs(tasks: Host, allowed: Path) -> Non
         assert_error(not_a_list, 400, "invalid_argument")
         assert_error(await run(client, PIPER, {"text": "Hi.", "options": {"voice": ["joe"]}}), 400, "invalid_argument")
         assert_error(await run(client, PIPER, {"text": "Hi.", "max_tokens": 0}), 400, "invalid_argument")
+        assert_error(await run(client, PIPER, {"text": "Hi.", "seed": str(2**64)}), 400, "invalid_argument")
 
         # the model: unknown, not an audio model; the body itself
         assert_error(await run(client, "no-such-model", {"text": "Hi."}), 404, "model_not_found")
@@ -348,3 +349,10 @@ async def test_the_python_client_runs_tasks(tasks: Host, allowed: Path) -> None:
     assert speech["voice"] == "joe" and word_errors(SENTENCES[4], heard["text"]) <= 1, heard["text"]
     assert normalised_words(local["text"]) == normalised_words(SENTENCES[2])
     assert unloaded == {"unloaded": [PIPER], "not_found": ["no-such-model"]}
+
+    async with AsyncClient(tasks.root, token=tasks.token) as client:
+        spoken = await client.run_task(PIPER, text="Hello again.", seed=str(2**64 - 1))  # a uint64, as text
+        assert wav_samples(spoken["audio"])[1] == 22050
+        assert await client.unload_models([PIPER]) == {"unloaded": [PIPER], "not_found": []}
+        with pytest.raises(TypeError):
+            await client.run_task(PIPER, txt="a typo")

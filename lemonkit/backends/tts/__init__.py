@@ -85,8 +85,6 @@ OPENAI_VOICES: dict[str, tuple[str, tuple[str, ...]]] = {
 RESPONSE_FORMATS = (*ENCODINGS, "json")
 #: OpenAI's speed range, which the route accepts; engines may take less
 SPEED_RANGE = (0.25, 4.0)
-#: ``options`` a task takes (audio-api.md's ``/v1/tasks/run``), with what each does
-TASK_OPTIONS = {"voice": "one of the model's voices, or an OpenAI voice name", "speed": "speaking-rate multiplier"}
 
 #: where one sentence (or line) of a text ends and the next begins
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+")
@@ -184,6 +182,8 @@ class SpeechEngine:
     speed_range: tuple[float, float] = SPEED_RANGE
     #: seconds of silence put between two sentences (for engines that trim each sentence's own)
     sentence_pause = 0.0
+    #: ``options`` a task takes (audio-api.md's ``/v1/tasks/run``), with what each does
+    task_options = {"voice": "one of the model's voices, or an OpenAI voice name", "speed": "speaking-rate multiplier"}
 
     def __init__(self, spec: LoadSpec) -> None:
         self.spec = spec
@@ -241,7 +241,7 @@ class SpeechEngine:
     def run_task(self, body: dict[str, Any], *, cancelled: Cancelled) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """``/v1/tasks/run`` and ``/stream``: the task's ``text`` spoken (see :mod:`lemonkit.backends.tasks`).
 
-        ``options``: :data:`TASK_OPTIONS`. ``seed`` is used by engines that sample noise; ``max_tokens`` and
+        ``options``: :attr:`task_options`. ``seed`` is used by engines that sample noise; ``max_tokens`` and
         artifacts are not read (these models generate no tokens and take no state).
 
         Returns:
@@ -256,7 +256,7 @@ class SpeechEngine:
         """
         start = time.perf_counter()
         task = TaskRequest.parse(body)
-        task.check_options(TASK_OPTIONS, "text-to-speech")
+        task.check_options(self.task_options, "text-to-speech")
         if task.audio is not None:
             raise InvalidArgument("request.audio: this text-to-speech model reads no input audio; send request.text")
         if task.voice_ref is not None:
