@@ -10,14 +10,15 @@ not available here) and the checking of a run request: its ``models`` per role a
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from lemonkit import config
+from lemonkit.backends.tasks import ARTIFACT_KINDS
 from lemonkit.errors import InvalidArgument, InvalidRequest, MissingArgument
+from lemonkit.server.bodies import decode_base64
 
 __all__ = [
     "HISTORY_ARTIFACT",
@@ -33,17 +34,6 @@ __all__ = [
 #: the artifact that carries a voice chat's conversation from one turn to the next (spec: "send the accumulated
 #: ... artifacts in request.artifacts"): the result returns it, the next request sends it back
 HISTORY_ARTIFACT = "voice-chat.messages"
-_ARTIFACT_KINDS = (
-    "speaker_embedding",
-    "style_embedding",
-    "prompt_embedding",
-    "acoustic_tokens",
-    "midi",
-    "transcript_alignment",
-    "diarization_state",
-    "vad_state",
-    "custom",
-)
 #: the conversation role's instructions when a request gives none in ``request.text``
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant in a spoken conversation. Answer in plain sentences, without lists or markdown."
@@ -269,17 +259,7 @@ def _base64(value: Any, path: str) -> bytes:
     """
     if not isinstance(value, str):
         raise InvalidArgument(f"{path}: expected base64 text, got {type(value).__name__}")
-    if value.startswith("data:"):
-        head, _, value = value.partition(",")
-        if not head.endswith(";base64"):
-            raise InvalidArgument(f"{path}: a data URI must be base64 (data:...;base64,...)")
-    try:
-        data = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidArgument(f"{path}: not valid base64") from None
-    if not data:
-        raise InvalidArgument(f"{path}: empty")
-    return data
+    return decode_base64(value, what=path, noun="payload")
 
 
 def _models(recipe: Recipe, given: dict[str, Any]) -> dict[str, str]:
@@ -327,7 +307,7 @@ def _history(artifacts: Any) -> list[dict[str, str]]:
         if not isinstance(artifact, dict) or not isinstance(artifact.get("id"), str) or not artifact["id"]:
             raise InvalidArgument(f"{where}: expected an object with a non-empty string id")
         where = f"{where} ({artifact['id']})"
-        if artifact.get("kind") not in _ARTIFACT_KINDS:
+        if artifact.get("kind") not in ARTIFACT_KINDS:
             raise InvalidArgument(f"{where}: unknown kind {artifact.get('kind')!r}")
         if artifact["id"] != HISTORY_ARTIFACT:
             continue

@@ -24,7 +24,20 @@ from lemonkit.audio import wav_bytes
 from lemonkit.backends.base import Upload
 from lemonkit.errors import InvalidArgument
 
-__all__ = ["TaskRequest", "artifact", "batch_requests", "stream_events", "wav_base64"]
+__all__ = ["ARTIFACT_KINDS", "TaskRequest", "artifact", "batch_requests", "stream_events", "wav_base64"]
+
+#: the artifact kinds audio-api.md names
+ARTIFACT_KINDS = (
+    "speaker_embedding",
+    "style_embedding",
+    "prompt_embedding",
+    "acoustic_tokens",
+    "midi",
+    "transcript_alignment",
+    "diarization_state",
+    "vad_state",
+    "custom",
+)
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 

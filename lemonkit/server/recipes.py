@@ -26,16 +26,12 @@ from lemonkit.backends.base import Upload
 from lemonkit.errors import BackendError, LemonkitError, ModelNotApplicable, error_from_body
 from lemonkit.server.audio import read_allowed_file
 from lemonkit.server.base import LemonkitHandler
+from lemonkit.server.tasks import task_error_event, task_event
 from lemonkit.voice_pipeline import Speaker, VoiceChat
 
-__all__ = ["RecipeRunHandler", "RecipesHandler", "SidecarStages", "task_event"]
+__all__ = ["RecipeRunHandler", "RecipesHandler", "SidecarStages"]
 
 log = logging.getLogger("lemonkit.server")
-
-
-def task_event(body: dict[str, Any]) -> bytes:
-    """One frame of the tasks API's SSE envelope (``task.stream.event``, ``task.stream.done``, ``error``)."""
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 class SidecarStages:
@@ -166,10 +162,10 @@ class RecipeRunHandler(LemonkitHandler):
             yield task_event({"type": "task.stream.done", "result": chat.result})
             yield b"data: [DONE]\n\n"
         except LemonkitError as exc:
-            yield task_event({"type": "error", "error": {"message": exc.message}})
+            yield task_error_event(exc.message)
         except Exception:
             log.exception("voice chat failed")
-            yield task_event({"type": "error", "error": {"message": "The recipe failed unexpectedly; see the log"}})
+            yield task_error_event("The recipe failed unexpectedly; see the log")
 
 
 async def _drain(events: AsyncGenerator[dict[str, Any], None]) -> None:

@@ -19,24 +19,13 @@ from typing import Any
 
 from lemonkit.audio import UndecodableAudio
 from lemonkit.backends.base import Upload
+from lemonkit.backends.tasks import ARTIFACT_KINDS
 from lemonkit.errors import InvalidArgument, MissingArgument
 from lemonkit.server.audio import read_allowed_file
 from lemonkit.server.bodies import decode_base64
 
-__all__ = ["ARTIFACT_KINDS", "MAX_ARTIFACT_BYTES", "MAX_VOICE_REF_BYTES", "TaskInput", "as_text", "read_task"]
+__all__ = ["MAX_ARTIFACT_BYTES", "MAX_VOICE_REF_BYTES", "TaskInput", "as_text", "read_task"]
 
-#: the artifact kinds the spec names
-ARTIFACT_KINDS = (
-    "speaker_embedding",
-    "style_embedding",
-    "prompt_embedding",
-    "acoustic_tokens",
-    "midi",
-    "transcript_alignment",
-    "diarization_state",
-    "vad_state",
-    "custom",
-)
 #: the payloads of one request (or one batch entry) may total at most this much
 MAX_ARTIFACT_BYTES = 2 * 1024**3
 #: an inline ``voice_ref`` (``{"type": "base64"}``) decodes to at most this much; larger ones go by path

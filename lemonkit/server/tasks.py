@@ -39,6 +39,7 @@ __all__ = [
     "UnloadAllModelsHandler",
     "UnloadModelsHandler",
     "task_error_event",
+    "task_event",
 ]
 
 #: the model types whose engines take tasks
@@ -55,9 +56,14 @@ _BATCH = Obj({"model": STR, "requests": Arr(OBJ, min_items=1)}, required=["model
 _UNLOAD = Obj({"model_ids": Arr(STR)}, required=["model_ids"])
 
 
+def task_event(body: dict[str, Any]) -> bytes:
+    """One frame of the tasks SSE envelope (``task.stream.event``, ``task.stream.done``, ``error``)."""
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
 def task_error_event(message: str) -> bytes:
     """The SSE frame that ends a task stream that failed after it started."""
-    return b"data: " + json.dumps({"type": "error", "error": {"message": message}}).encode() + b"\n\n"
+    return task_event({"type": "error", "error": {"message": message}})
 
 
 def _frame_error(event: dict[str, Any]) -> LemonkitError:
