@@ -28,24 +28,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from lemonkit.backends.base import Upload
 from lemonkit.backends.images.pictures import image_kind
 from lemonkit.errors import BackendError, LemonkitError, ModelNotApplicable, ModelNotFound
 from lemonkit.model_info import ModelInfo
-from lemonkit.omni import (
-    EDIT_IMAGE,
-    GENERATE_IMAGE,
-    TEXT_TO_SPEECH,
-    Roles,
-    audio_tag,
-    chunks,
-    image_markdown,
-    strip_media,
-    system_prompt,
-    tool_definitions,
-)
+from lemonkit.omni.media import audio_tag, chunks, image_markdown, strip_media
+from lemonkit.omni.tools import EDIT_IMAGE, GENERATE_IMAGE, TEXT_TO_SPEECH, Roles, system_prompt, tool_definitions
 from lemonkit.server.base import LemonkitHandler
 
 __all__ = ["OmniChat"]
@@ -242,29 +230,21 @@ class OmniChat:
         request = {**request, "stream": True, "stream_options": {"include_usage": True}}
         async with self.service.manager.use(chat.id) as model:
             response = await self.handler.sidecar_request(model, "/v1/chat/completions", request)
-            try:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]}
-                        raise BackendError(str(error.get("message")), status=int(error.get("status_code") or 502))
-                    for key, value in (chunk.get("usage") or {}).items():
-                        if key in ("prompt_tokens", "completion_tokens"):
-                            self.usage[key] = self.usage.get(key, 0) + int(value)
-                    for choice in chunk.get("choices") or []:
-                        for event in _take(choice, answer):
-                            if event[0] == "content":
-                                self._content += event[1]
-                            yield event
-            except httpx.TransportError:
-                self.service.manager.discard(model)
-                raise BackendError(
-                    f"The engine of {model.name} stopped mid-answer; retry to reload it", status=502
-                ) from None
-            finally:
-                await response.aclose()
+            async for line in self.handler.sidecar_lines(model, response):
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]}
+                    raise BackendError(str(error.get("message")), status=int(error.get("status_code") or 502))
+                for key, value in (chunk.get("usage") or {}).items():
+                    if key in ("prompt_tokens", "completion_tokens"):
+                        self.usage[key] = self.usage.get(key, 0) + int(value)
+                for choice in chunk.get("choices") or []:
+                    for event in _take(choice, answer):
+                        if event[0] == "content":
+                            self._content += event[1]
+                        yield event
 
     # -- the built-in tools ----------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ checked beyond its type.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -23,10 +24,14 @@ import httpx
 import openai
 import pytest
 from conftest import API_KEY, CACHE_DIR, HF_CACHE, TINY, Host, Standalone
+from IPython.core.formatters import DisplayFormatter
 from PIL import Image
 
-from lemonkit.omni import MAX_DELTA_CHARS, find_media, system_prompt
+from lemonkit.client import Client
+from lemonkit.omni.media import MAX_DELTA_CHARS, find_media
+from lemonkit.omni.tools import system_prompt
 from lemonkit.registry import Registry
+from lemonkit.results import ChatResult
 from lemonkit.testing.tiny_diffusers import TINY_SIZE, write_tiny_pipeline
 
 pytestmark = pytest.mark.slow  # every test that runs the loop loads a chat model, the pipeline (torch) or Piper
@@ -227,6 +232,20 @@ async def test_stream_of_an_image(host: Host) -> None:
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     (image,) = find_media(content)
     assert png_of(image.b64).size == (TINY_SIZE, TINY_SIZE)
+
+
+# -- the Python API -----------------------------------------------------------------------------------------------
+
+
+async def test_python_api_chat_on_a_collection_shows_its_media(host: Host) -> None:
+    def run() -> ChatResult:
+        with Client(host.root, token=host.token) as client:  # streamed: the media is folded from its deltas
+            return client.chat("Draw a cat.", KIT, tool_choice=named("generate_image"), max_tokens=MAX_TOKENS)
+
+    result = await asyncio.to_thread(run)
+    assert [m.kind for m in result.media] == ["image"] and result.images[0].size == (TINY_SIZE, TINY_SIZE)
+    bundle, _ = DisplayFormatter().format(result)
+    assert f'<img src="data:image/png;base64,{result.media[0].b64}"' in bundle["text/html"]
 
 
 # -- targeting, errors, the model object, load and unload ----------------------------------------------------------
