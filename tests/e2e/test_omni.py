@@ -121,6 +121,25 @@ async def test_image_round(host: Host) -> None:
     assert completion.usage is not None and completion.usage.completion_tokens > 0
 
 
+async def test_edit_round_edits_the_user_s_image(host: Host) -> None:
+    client = host.openai()
+    picture = io.BytesIO()
+    Image.new("RGB", (TINY_SIZE, TINY_SIZE), (10, 200, 10)).save(picture, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(picture.getvalue()).decode()
+    parts = [{"type": "text", "text": "Make it blue."}, {"type": "image_url", "image_url": {"url": url}}]
+    edit = named("edit_image")
+    edited = await client.chat.completions.create(
+        model=KIT, messages=[{"role": "user", "content": parts}], tool_choice=edit, max_tokens=MAX_TOKENS, seed=8
+    )
+    (image,) = find_media(edited.choices[0].message.content or "")
+    assert png_of(image.b64).size == (TINY_SIZE, TINY_SIZE) and image.data != picture.getvalue()
+    # nothing to edit: the component is not asked, the model is told, and the answer ends without media
+    nothing = await client.chat.completions.create(model=KIT, messages=USER, tool_choice=edit, max_tokens=MAX_TOKENS)
+    assert nothing.choices[0].finish_reason in ("stop", "length") and not find_media(
+        nothing.choices[0].message.content or ""
+    )
+
+
 async def test_speech_round(host: Host) -> None:
     completion = await host.openai().chat.completions.create(
         model=VOICE_KIT, messages=USER, tool_choice=named("text_to_speech"), max_tokens=MAX_TOKENS, seed=2
