@@ -239,6 +239,22 @@ async def test_stream_carries_media_in_bounded_deltas(host: Host) -> None:
     assert seconds_of_mp3(audio.data) > 0.1
 
 
+async def test_stream_returns_a_client_tool_call(host: Host) -> None:
+    stream = await host.openai().chat.completions.create(
+        model=KIT, messages=USER, tools=[client_tool("lookup")], tool_choice=named("lookup"), max_tokens=64, stream=True
+    )
+    calls, finishes = [], []
+    async for chunk in stream:
+        for choice in chunk.choices:
+            calls.extend(choice.delta.tool_calls or [])
+            if choice.finish_reason:
+                finishes.append(choice.finish_reason)
+    assert finishes == ["tool_calls"]
+    (call,) = calls
+    assert call.index == 0 and call.id and call.function and call.function.name == "lookup"
+    assert isinstance(json.loads(call.function.arguments or "")["q"], str)
+
+
 async def test_stream_of_an_image(host: Host) -> None:
     async with host.client() as client:
         body = {"model": KIT, "messages": USER, "tool_choice": named("generate_image"), "max_tokens": MAX_TOKENS}
@@ -343,6 +359,15 @@ async def test_missing_or_absent_components_are_errors(host: Host) -> None:
             # a forced call of a tool the collection cannot serve (no image model) is refused by the chat model
             no_tool = {**body, "model": VOICE_KIT, "tool_choice": named("generate_image")}
             assert_error(await client.post("chat/completions", json=no_tool), 400, "invalid_argument")
+            # once a stream has started, the spec's form: the error as text, then a normal end
+            async with client.stream("POST", "chat/completions", json={**no_tool, "stream": True}) as response:
+                assert response.status_code == 200
+                lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+            assert lines[-1] == "data: [DONE]"
+            chunks = [json.loads(line[6:])["choices"][0] for line in lines[:-1]]
+            text = "".join(c["delta"].get("content") or "" for c in chunks)
+            assert text.startswith("Error: ") and "generate_image" in text
+            assert [c["finish_reason"] for c in chunks if c["finish_reason"]] == ["stop"]
     finally:
         registry.unregister(kit)
         registry.unregister(chatless)
