@@ -341,6 +341,22 @@ async def test_load_and_unload_act_on_every_component(host: Host) -> None:
         assert_error(await client.post("unload", json={"model_name": VOICE_KIT}), 404, "model_not_found")
 
 
+async def test_a_component_that_fails_to_load_is_the_spec_s_error(host: Host) -> None:
+    registry = Registry(CACHE_DIR, hf_cache=HF_CACHE)
+    voice, kit = "user.omni-broken-voice", "user.omni-broken"
+    # a voice whose file is an HTML page: the Piper engine cannot start on it
+    registry.register(voice, {"checkpoint": "lemonkit-test/tiny-GGUF:not-gguf.gguf", "recipe": "piper"})
+    registry.register(kit, {"recipe": "collection.omni", "components": [TINY, voice]})
+    try:
+        body = {"model": kit, "messages": USER, "tool_choice": named("text_to_speech"), "max_tokens": MAX_TOKENS}
+        async with host.client() as client:
+            failed = await client.post("chat/completions", json=body)
+            assert voice in assert_error(failed, 500, "model_load_error")["message"]
+    finally:
+        registry.unregister(kit)
+        registry.unregister(voice)
+
+
 async def test_missing_or_absent_components_are_errors(host: Host) -> None:
     registry = Registry(CACHE_DIR, hf_cache=HF_CACHE)
     gone, kit, chatless = "user.omni-gone", "user.omni-missing", "user.omni-chatless"
