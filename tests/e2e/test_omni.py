@@ -48,6 +48,12 @@ MAX_TOKENS = 700
 USER = [{"role": "user", "content": "Please draw a cat and say hello."}]
 
 
+def sdk(host: Host) -> openai.AsyncOpenAI:
+    """The host's SDK client, patient: a round can load torch and a pipeline on a loaded 2-core machine (a bound,
+    not a timed assertion)."""
+    return openai.AsyncOpenAI(base_url=host.api, api_key=host.token or "none", max_retries=0, timeout=600)
+
+
 def named(tool: str) -> dict[str, Any]:
     return {"type": "function", "function": {"name": tool}}
 
@@ -106,7 +112,7 @@ def kinds(text: str) -> list[str]:
 
 
 async def test_image_round(host: Host) -> None:
-    completion = await host.openai().chat.completions.create(
+    completion = await sdk(host).chat.completions.create(
         model=KIT, messages=USER, tool_choice=named("generate_image"), max_tokens=MAX_TOKENS, seed=1
     )
     assert completion.model == KIT and completion.object == "chat.completion"
@@ -122,7 +128,7 @@ async def test_image_round(host: Host) -> None:
 
 
 async def test_edit_round_edits_the_user_s_image(host: Host) -> None:
-    client = host.openai()
+    client = sdk(host)
     picture = io.BytesIO()
     Image.new("RGB", (TINY_SIZE, TINY_SIZE), (10, 200, 10)).save(picture, format="PNG")
     url = "data:image/png;base64," + base64.b64encode(picture.getvalue()).decode()
@@ -141,7 +147,7 @@ async def test_edit_round_edits_the_user_s_image(host: Host) -> None:
 
 
 async def test_speech_round(host: Host) -> None:
-    completion = await host.openai().chat.completions.create(
+    completion = await sdk(host).chat.completions.create(
         model=VOICE_KIT, messages=USER, tool_choice=named("text_to_speech"), max_tokens=MAX_TOKENS, seed=2
     )
     content = completion.choices[0].message.content or ""
@@ -150,7 +156,7 @@ async def test_speech_round(host: Host) -> None:
 
 
 async def test_client_tool_is_returned_and_the_conversation_resumes(host: Host) -> None:
-    client = host.openai()
+    client = sdk(host)
     tools = [client_tool("lookup")]
     first = await client.chat.completions.create(
         model=KIT, messages=USER, tools=tools, tool_choice=named("lookup"), max_tokens=MAX_TOKENS, seed=3
@@ -195,7 +201,7 @@ def two_rounds(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
 
 async def test_round_limit_ends_the_answer_cleanly(two_rounds: Host) -> None:
-    completion = await two_rounds.openai().chat.completions.create(
+    completion = await sdk(two_rounds).chat.completions.create(
         model=VOICE_KIT, messages=USER, tool_choice="required", max_tokens=MAX_TOKENS, seed=4
     )
     choice = completion.choices[0]
@@ -209,7 +215,7 @@ async def test_round_limit_ends_the_answer_cleanly(two_rounds: Host) -> None:
 
 
 async def test_stream_carries_media_in_bounded_deltas(host: Host) -> None:
-    stream = await host.openai().chat.completions.create(
+    stream = await sdk(host).chat.completions.create(
         model=KIT,
         messages=USER,
         tool_choice=named("text_to_speech"),
@@ -240,7 +246,7 @@ async def test_stream_carries_media_in_bounded_deltas(host: Host) -> None:
 
 
 async def test_stream_returns_a_client_tool_call(host: Host) -> None:
-    stream = await host.openai().chat.completions.create(
+    stream = await sdk(host).chat.completions.create(
         model=KIT, messages=USER, tools=[client_tool("lookup")], tool_choice=named("lookup"), max_tokens=64, stream=True
     )
     calls, finishes = [], []
@@ -258,7 +264,8 @@ async def test_stream_returns_a_client_tool_call(host: Host) -> None:
 async def test_stream_of_an_image(host: Host) -> None:
     async with host.client() as client:
         body = {"model": KIT, "messages": USER, "tool_choice": named("generate_image"), "max_tokens": MAX_TOKENS}
-        async with client.stream("POST", "chat/completions", json={**body, "stream": True}) as response:
+        stream = {**body, "stream": True}
+        async with client.stream("POST", "chat/completions", json=stream, timeout=600) as response:
             assert response.status_code == 200
             lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
@@ -287,7 +294,7 @@ async def test_python_api_chat_on_a_collection_shows_its_media(host: Host) -> No
 
 
 async def test_naming_a_component_bypasses_the_loop(host: Host) -> None:
-    client = host.openai()
+    client = sdk(host)
     # the collection offers generate_image; its chat component, named directly, is a plain model without it
     with pytest.raises(openai.BadRequestError) as caught:
         await client.chat.completions.create(model=TINY, messages=USER, tool_choice=named("generate_image"))
@@ -350,7 +357,7 @@ async def test_a_component_that_fails_to_load_is_the_spec_s_error(host: Host) ->
     try:
         body = {"model": kit, "messages": USER, "tool_choice": named("text_to_speech"), "max_tokens": MAX_TOKENS}
         async with host.client() as client:
-            failed = await client.post("chat/completions", json=body)
+            failed = await client.post("chat/completions", json=body, timeout=600)
             assert voice in assert_error(failed, 500, "model_load_error")["message"]
     finally:
         registry.unregister(kit)
