@@ -34,6 +34,7 @@ from lemonkit.errors import BackendError, LemonkitError, ModelNotApplicable, Mod
 from lemonkit.model_info import ModelInfo
 from lemonkit.omni.media import audio_tag, chunks, image_markdown, strip_media
 from lemonkit.omni.tools import EDIT_IMAGE, GENERATE_IMAGE, TEXT_TO_SPEECH, Roles, system_prompt, tool_definitions
+from lemonkit.server import provenance
 from lemonkit.server.base import LemonkitHandler
 
 __all__ = ["OmniChat"]
@@ -74,6 +75,7 @@ class OmniChat:
         self.images: list[str] = []  # base64 of the images this request made, latest last
         self.roles = Roles(None, None, None, None)
         self._content = ""  # what the client has been sent as content so far
+        self._opened = False  # whether the answer's headers are set (and a stream's sent)
 
     async def serve(self) -> None:
         """Answer the request (plain JSON, or SSE when it asks for a stream).
@@ -92,8 +94,7 @@ class OmniChat:
         if self.roles.chat is None:
             raise ModelNotApplicable(f"{self.info.id} has no chat model among its components to run the omni loop")
         if self.body.get("stream"):
-            await self.handler.sse_open()
-            await self.handler.pump(self._frames())
+            await self.handler.pump(self._frames())  # the stream opens once the chat model is ready (see _ask)
         else:
             self.handler.write_json(await self._complete())
 
@@ -124,9 +125,12 @@ class OmniChat:
         }
 
     async def _frames(self) -> AsyncIterator[bytes]:
-        yield self._chunk({"role": "assistant", "content": None})
+        role = self._chunk({"role": "assistant", "content": None})
         try:
             async for kind, value in self._events():
+                if role:
+                    yield role
+                    role = b""
                 if kind == "content":
                     yield self._chunk({"content": value})
                 elif kind == "reasoning":
@@ -135,7 +139,12 @@ class OmniChat:
                     yield self._chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(value)]})
                 else:
                     yield self._chunk({}, finish=value)
-        except LemonkitError as exc:  # the spec's in-stream error: text, then a normal end
+        except LemonkitError as exc:
+            if not self._opened:
+                raise  # nothing sent yet: the handler answers with the error's status and JSON body
+            if role:
+                yield role
+            # the spec's in-stream error: text, then a normal end
             yield self._chunk({"content": ("\n\n" if self._content else "") + f"Error: {exc.message}"})
             yield self._chunk({}, finish="stop")
         if (self.body.get("stream_options") or {}).get("include_usage"):
@@ -229,6 +238,13 @@ class OmniChat:
         assert chat is not None
         request = {**request, "stream": True, "stream_options": {"include_usage": True}}
         async with self.service.manager.use(chat.id) as model:
+            if not self._opened:
+                # The chat model is loaded: it is the answer's provenance, and a stream starts now. Whatever fails
+                # before this (a component gone, the chat model not loading) answers with its status and JSON.
+                self._opened = True
+                self.handler.set_header(provenance.HEADER, await provenance.header_value(model))
+                if self.body.get("stream"):
+                    await self.handler.sse_open()
             response = await self.handler.sidecar_request(model, "/v1/chat/completions", request)
             async for line in self.handler.sidecar_lines(model, response):
                 if not line.startswith("data: {"):

@@ -267,6 +267,8 @@ async def test_stream_of_an_image(host: Host) -> None:
         stream = {**body, "stream": True}
         async with client.stream("POST", "chat/completions", json=stream, timeout=600) as response:
             assert response.status_code == 200
+            # the chat component's provenance: the model whose answer this is, which called the tools
+            assert json.loads(response.headers["X-Lemonkit-Provenance"])["model"] == TINY
             lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
