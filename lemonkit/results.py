@@ -7,8 +7,17 @@ into one :class:`ChatResult`, so the streamed and the non-streamed paths (sync a
 from __future__ import annotations
 
 import html
+import io
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from lemonkit.display import media_html
+from lemonkit.omni.media import Media, find_media
+
+if TYPE_CHECKING:
+    from PIL import Image as PILImage
+
+    from lemonkit.speech import AudioClip
 
 __all__ = ["ChatAccumulator", "ChatResult", "ModelList", "RankedDocument", "Ranking"]
 
@@ -46,6 +55,33 @@ class ChatResult:
         text = self.text if len(self.text) <= 60 else self.text[:57] + "..."
         model = self.provenance.get("model")
         return f"ChatResult(text={text!r}, model={model!r}, finish_reason={self.finish_reason!r})"
+
+    @property
+    def media(self) -> list[Media]:
+        """The images and sounds an omni collection embedded in :attr:`text`, in order."""
+        return find_media(self.text)
+
+    @property
+    def images(self) -> list[PILImage.Image]:
+        """The images of :attr:`media`, decoded."""
+        from PIL import Image
+
+        return [Image.open(io.BytesIO(m.data)) for m in self.media if m.kind == "image"]
+
+    @property
+    def audio(self) -> list[AudioClip]:
+        """The sounds of :attr:`media`, decoded (each plays inline in a notebook).
+
+        Raises:
+            UndecodableAudio: No installed decoder reads one.
+        """
+        from lemonkit.speech import AudioClip
+
+        return [AudioClip.from_bytes(m.data) for m in self.media if m.kind == "audio"]
+
+    def _repr_html_(self) -> str | None:
+        """An answer with media shows its text, its images and players for its sounds; any other shows as text."""
+        return media_html(self.text)
 
     @property
     def message(self) -> dict[str, Any]:

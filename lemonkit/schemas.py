@@ -503,6 +503,7 @@ PULL = Obj(
         "mmproj": STR,
         "labels": Arr(STR),
         "components": Arr(STR, min_items=1),
+        "system_prompt": STR,  # an omni collection's, in place of the built-in one
         # the remote recipe: the upstream's base URL(s) and the server variable holding its key
         "remote_url": STR,
         "remote_urls": Arr(STR, min_items=1),

@@ -255,15 +255,32 @@ class LemonkitHandler(_Base):
         Raises:
             BackendError: The sidecar died before the body ended (it is discarded).
         """
+        async with self._reading(model, response, "died during the request"):
+            body = await response.aread()
+        return body
+
+    @contextlib.asynccontextmanager
+    async def _reading(self, model: LoadedModel, response: httpx.Response, failure: str) -> AsyncIterator[None]:
+        """Read ``response`` within: a sidecar that dies meanwhile is discarded and becomes a 502; the response
+        is closed after."""
         try:
-            return await response.aread()
+            yield
         except httpx.TransportError:
             self.service.manager.discard(model)
-            raise BackendError(
-                f"The engine of {model.name} died during the request; retry to reload it", status=502
-            ) from None
+            raise BackendError(f"The engine of {model.name} {failure}; retry to reload it", status=502) from None
         finally:
             await response.aclose()
+
+    async def sidecar_lines(self, model: LoadedModel, response: httpx.Response) -> AsyncIterator[str]:
+        """The lines of an answer :meth:`sidecar_request` opened, as they arrive (for a caller that reads the
+        events itself rather than passing them on).
+
+        Raises:
+            BackendError: The sidecar died before the answer ended (it is discarded).
+        """
+        async with self._reading(model, response, "stopped mid-answer"):
+            async for line in response.aiter_lines():
+                yield line
 
     async def sidecar_frames(self, model: LoadedModel, response: httpx.Response) -> AsyncIterator[bytes]:
         """The sidecar's SSE bytes as they arrive; a failure becomes one error event and the stream ends."""

@@ -27,7 +27,15 @@ from lemonkit.server.base import LemonkitHandler
 
 __all__ = ["DeleteHandler", "DownloadsControlHandler", "DownloadsHandler", "PullHandler", "VariantsHandler"]
 
-_REGISTRATION_FIELDS = ("checkpoint", "recipe", "components", "remote_url", "remote_urls", "api_key_env")
+_REGISTRATION_FIELDS = (
+    "checkpoint",
+    "recipe",
+    "components",
+    "system_prompt",
+    "remote_url",
+    "remote_urls",
+    "api_key_env",
+)
 _REMOTE_FIELDS = ("remote_url", "remote_urls", "api_key_env")
 
 
@@ -97,11 +105,13 @@ class PullHandler(LemonkitHandler):
             if body.get("components") is None:
                 raise MissingArgument("components: required for a collection.omni model")
             row["components"] = body["components"]
+            if body.get("system_prompt") is not None:
+                row["system_prompt"] = body["system_prompt"]
         else:
             if body.get("checkpoint") is None:
                 raise MissingArgument("checkpoint: required to register a model")
-            if body.get("components") is not None:
-                raise InvalidArgument("components: only a collection.omni model has components")
+            if body.get("components") is not None or body.get("system_prompt") is not None:
+                raise InvalidArgument("components, system_prompt: only a collection.omni model has these")
             row["checkpoint"] = body["checkpoint"]
             if body.get("mmproj"):
                 row["mmproj"] = body["mmproj"]

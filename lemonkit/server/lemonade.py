@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from lemonkit.errors import InvalidArgument, ModelLoadRefused
+from lemonkit.errors import InvalidArgument, ModelLoadRefused, ModelNotFound
 from lemonkit.options import RECIPE_OPTIONS
 from lemonkit.registry import COLLECTION_OMNI, ModelInfo, Registry
 from lemonkit.server.base import LemonkitHandler, allow_unauthenticated
@@ -74,8 +74,27 @@ class UnloadHandler(LemonkitHandler):
     async def post(self) -> None:
         self.require_admin("unloading a model that every user shares")
         body = self.json_body(optional=True)
-        await self.service.manager.unload(body.get("model_name"))
+        name = body.get("model_name")
+        info = await self.service.lookup(name) if name is not None else None
+        if info is not None and info.recipe == COLLECTION_OMNI:
+            await self._unload_parts(info)
+        else:
+            await self.service.manager.unload(name)
         self.write_json({"status": "success", "message": "Model unloaded successfully"})
+
+    async def _unload_parts(self, info: ModelInfo) -> None:
+        """Unload a collection: each of its components that is loaded, as loading it loaded each.
+
+        Raises:
+            ModelNotFound: None of them is loaded.
+        """
+        manager = self.service.manager
+        parts = await asyncio.to_thread(self.service.registry.collection_parts, info)
+        loaded = [p.id for p in parts if manager.loaded(p.id) is not None]
+        if not loaded:
+            raise ModelNotFound(f"Model not loaded: {info.id} (none of its components is)")
+        for part in loaded:
+            await manager.unload(part)
 
 
 class HealthHandler(LemonkitHandler):

@@ -16,9 +16,10 @@ import httpx
 from lemonkit.catalog import Support
 from lemonkit.errors import BackendError, ModelNotApplicable, NotEmbeddingModel
 from lemonkit.manager import LoadedModel
-from lemonkit.registry import ModelInfo
+from lemonkit.registry import COLLECTION_OMNI, ModelInfo
 from lemonkit.server import provenance, responses
 from lemonkit.server.base import LemonkitHandler, error_event
+from lemonkit.server.omni import OmniChat
 
 __all__ = [
     "ChatCompletionsHandler",
@@ -47,7 +48,10 @@ class ModelRouteHandler(LemonkitHandler):
 
     async def serve_model(self, body: dict[str, Any]) -> None:
         """Run ``body`` (a checked request naming its ``model``) on its model."""
-        info = await self.service.usable(body["model"])
+        await self.serve_on(await self.service.usable(body["model"]), body)
+
+    async def serve_on(self, info: ModelInfo, body: dict[str, Any]) -> None:
+        """Run ``body`` on ``info``, the model it names."""
         self.check_applicable(info)
         await self.unless_gone(self._serve(info, body))  # a client that leaves also ends a first-use download
 
@@ -85,6 +89,12 @@ class InferenceHandler(ModelRouteHandler):
 class ChatCompletionsHandler(InferenceHandler):
     schema = "chat/completions"
     sidecar_path = "/v1/chat/completions"
+
+    async def serve_on(self, info: ModelInfo, body: dict[str, Any]) -> None:
+        if info.recipe == COLLECTION_OMNI:  # the server-side tool loop over the collection's components
+            await self.unless_gone(OmniChat(self, info, body).serve())
+            return
+        await super().serve_on(info, body)
 
 
 class CompletionsHandler(InferenceHandler):
