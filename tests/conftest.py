@@ -207,6 +207,37 @@ def hub() -> Iterator[HubServer]:
 
 
 @pytest.fixture(scope="module")
+def allowed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A root holding ``allowed/``, the operator's allowed directory, and ``outside/``, a directory that is not.
+
+    Modules override it to put their files in them.
+    """
+    root = tmp_path_factory.mktemp("local-files")
+    (root / "allowed").mkdir()
+    (root / "outside").mkdir()
+    return root
+
+
+@pytest.fixture(scope="module")
+def allowed_standalone(allowed: Path) -> Iterator[Standalone]:
+    """A ``lemonkit serve`` for one module whose operator allowed ``allowed/allowed`` (its models stay loaded)."""
+    server = Standalone({"LEMONADE_API_KEY": API_KEY, "LEMONKIT_ALLOWED_DIRS": str(allowed / "allowed")})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["jupyter", "standalone"])
+def allowed_host(request: pytest.FixtureRequest, allowed: Path, monkeypatch: pytest.MonkeyPatch) -> Host:
+    """Each host, its operator having allowed ``allowed/allowed`` for server-local files."""
+    if request.param == "jupyter":
+        monkeypatch.setenv("LEMONKIT_ALLOWED_DIRS", str(allowed / "allowed"))  # read when the extension starts
+        host: Host = request.getfixturevalue("jupyter_host")
+        return host
+    server: Standalone = request.getfixturevalue("allowed_standalone")
+    return Host("standalone", server.root, API_KEY)
+
+
+@pytest.fixture(scope="module")
 def module_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
     """A local hub shared by one module's tests (each adds its own repos)."""
     with HubServer(root=tmp_path_factory.mktemp("hub-objects")) as server:

@@ -10,13 +10,12 @@ import base64
 import io
 import json
 import wave
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import API_KEY, Host, Standalone
+from conftest import Host
 from IPython.core.formatters import DisplayFormatter
 from speech import SENTENCES, normalised_words, speech_samples, speech_wav, word_errors
 from waiting import until
@@ -34,33 +33,18 @@ STORY = "Tell me a story about a cat."
 
 
 @pytest.fixture(scope="module")
-def allowed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def allowed(allowed: Path) -> Path:
     """The operator's allowed directory (holding a question), beside one that is not allowed."""
-    root = tmp_path_factory.mktemp("recipe-audio")
-    (root / "allowed").mkdir()
-    (root / "outside").mkdir()
+    root = allowed
     (root / "allowed" / "question.wav").write_bytes(speech_wav(SENTENCES[2]))
     (root / "outside" / "question.wav").write_bytes(speech_wav(SENTENCES[2]))
     return root
 
 
-@pytest.fixture(scope="module")
-def recipe_standalone(allowed: Path) -> Iterator[Standalone]:
-    server = Standalone({"LEMONADE_API_KEY": API_KEY, "LEMONKIT_ALLOWED_DIRS": str(allowed / "allowed")})
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["jupyter", "standalone"])
-def served(request: pytest.FixtureRequest, allowed: Path, monkeypatch: pytest.MonkeyPatch) -> Host:
-    """A host whose operator allowed ``allowed/allowed`` for server-local files (the standalone one keeps its
-    models loaded from test to test)."""
-    if request.param == "jupyter":
-        monkeypatch.setenv("LEMONKIT_ALLOWED_DIRS", str(allowed / "allowed"))  # read when the extension starts
-        host: Host = request.getfixturevalue("jupyter_host")
-        return host
-    server: Standalone = request.getfixturevalue("recipe_standalone")
-    return Host("standalone", server.root, API_KEY)
+@pytest.fixture
+def served(allowed_host: Host) -> Host:
+    """A host whose operator allowed ``allowed/allowed`` for server-local files."""
+    return allowed_host
 
 
 def inline(text: str) -> str:

@@ -9,7 +9,6 @@ import asyncio
 import base64
 import io
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
-from conftest import API_KEY, Host, Standalone
+from conftest import Host
 from speech import SENTENCES, normalised_words, speech_wav, word_errors
 
 from lemonkit.client import AsyncClient, Client
@@ -29,11 +28,9 @@ CHAT_MODEL = "SmolLM2-135M-Instruct-Bundled"
 
 
 @pytest.fixture(scope="module")
-def allowed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def allowed(allowed: Path) -> Path:
     """The operator's allowed directory (two sentences and an artifact file), beside one that is not allowed."""
-    root = tmp_path_factory.mktemp("task-files")
-    (root / "allowed").mkdir()
-    (root / "outside").mkdir()
+    root = allowed
     (root / "allowed" / "one.wav").write_bytes(speech_wav(SENTENCES[2]))
     (root / "allowed" / "two.wav").write_bytes(speech_wav(SENTENCES[3]))
     (root / "allowed" / "state.bin").write_bytes(b"\x00\x01opaque state")
@@ -41,22 +38,10 @@ def allowed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def tasks_standalone(allowed: Path) -> Iterator[Standalone]:
-    server = Standalone({"LEMONADE_API_KEY": API_KEY, "LEMONKIT_ALLOWED_DIRS": str(allowed / "allowed")})
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["jupyter", "standalone"])
-def tasks(request: pytest.FixtureRequest, allowed: Path, monkeypatch: pytest.MonkeyPatch) -> Host:
+@pytest.fixture
+def tasks(allowed_host: Host) -> Host:
     """A host whose operator allowed ``allowed/allowed`` for server-local files."""
-    if request.param == "jupyter":
-        monkeypatch.setenv("LEMONKIT_ALLOWED_DIRS", str(allowed / "allowed"))  # read when the extension starts
-        host: Host = request.getfixturevalue("jupyter_host")
-        return host
-    server: Standalone = request.getfixturevalue("tasks_standalone")
-    return Host("standalone", server.root, API_KEY)
+    return allowed_host
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> str:

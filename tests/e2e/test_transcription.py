@@ -8,13 +8,12 @@ import errno
 import json
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import API_KEY, Host, Standalone
+from conftest import Host
 from speech import FORMATS, SENTENCES, convert, normalised_words, speech_wav
 
 WHISPER = "Whisper-Tiny-En-Bundled"
@@ -26,31 +25,17 @@ pytestmark = pytest.mark.slow  # every test loads Whisper in a sidecar (in each 
 
 
 @pytest.fixture(scope="module")
-def allowed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def allowed(allowed: Path) -> Path:
     """The operator's allowed directory (holding one sentence), beside a directory that is not allowed."""
-    root = tmp_path_factory.mktemp("local-audio")
-    (root / "allowed").mkdir()
-    (root / "outside").mkdir()
+    root = allowed
     (root / "allowed" / "speech.wav").write_bytes(speech_wav(SENTENCES[2]))
     return root
 
 
-@pytest.fixture(scope="module")
-def stt_standalone(allowed: Path) -> Iterator[Standalone]:
-    server = Standalone({"LEMONADE_API_KEY": API_KEY, "LEMONKIT_ALLOWED_DIRS": str(allowed / "allowed")})
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["jupyter", "standalone"])
-def stt(request: pytest.FixtureRequest, allowed: Path, monkeypatch: pytest.MonkeyPatch) -> Host:
+@pytest.fixture
+def stt(allowed_host: Host) -> Host:
     """A host whose operator allowed ``allowed/allowed`` for server-local files."""
-    if request.param == "jupyter":
-        monkeypatch.setenv("LEMONKIT_ALLOWED_DIRS", str(allowed / "allowed"))  # read when the extension starts
-        host: Host = request.getfixturevalue("jupyter_host")
-        return host
-    server: Standalone = request.getfixturevalue("stt_standalone")
-    return Host("standalone", server.root, API_KEY)
+    return allowed_host
 
 
 def wav(index: int, **kwargs: Any) -> bytes:
