@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Batcher", "End", "Seq", "parallel_context"]
 
+#: The share of a prompt an idle slot's cache must hold for the prompt to go there (llama-server's default).
+SIMILARITY = 0.1
+
 #: A generated token as the decode thread hands it over: (token, (logprob, alternatives) or None).
 Token = tuple[int, tuple[float, list[tuple[int, float]]] | None]
 
@@ -222,10 +225,19 @@ class Batcher:
             if not idle:
                 break
             self._waiting.popleft()
-            tokens = seq.job.tokens if not seq.job.images else []
-            best = max(idle, key=lambda s: (_common_prefix(s.tokens, tokens) if s.reusable else 0, -s.used))
-            out.append((best, seq))
+            out.append((self._pick(idle, seq.job.tokens if not seq.job.images else []), seq))
         return out
+
+    @staticmethod
+    def _pick(idle: list[_Slot], tokens: list[int]) -> _Slot:
+        """The idle slot sharing the longest prefix with ``tokens`` when that is a real share of the prompt (as
+        llama-server's ``slot_prompt_similarity``), else the least recently used one (never used ones first): a
+        two-token match is not worth another conversation's cache."""
+        best = max(idle, key=lambda s: (_common_prefix(s.tokens, tokens) if s.reusable else 0, -s.used))
+        shared = _common_prefix(best.tokens, tokens) if best.reusable else 0
+        if shared > 0 and shared >= SIMILARITY * len(tokens):
+            return best
+        return min(idle, key=lambda s: s.used)
 
     def _admit(self, slot: _Slot, seq: Seq) -> None:
         job, run = seq.job, seq.run
