@@ -29,7 +29,7 @@ FORBIDDEN_LLAMACPP_FLAGS = frozenset({
 # fmt: on
 
 # flag -> (key, converter). Keys are Llama() kwargs, sampling defaults (the engine's DEFAULT_SAMPLING keys),
-# or the engine's own (chat_template, max_tokens, seed, _ignored).
+# or the engine's own (chat_template, max_tokens, seed, n_parallel, _ignored).
 _GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 _POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 
@@ -75,7 +75,7 @@ for _names, _key, _conv in (
     (("--rope-freq-scale",), "rope_freq_scale", float),
     (("--pooling",), "pooling_type", _choice(_POOLING)),
     (("--chat-template",), "chat_template", str),
-    (("-np", "--parallel"), "_ignored", int),  # one request at a time per sidecar
+    (("-np", "--parallel"), "n_parallel", int),  # requests generated together (continuous batching)
 ):
     for _name in _names:
         _VALUE_FLAGS[_name] = (_key, _conv)
@@ -93,7 +93,6 @@ _SWITCHES: dict[str, tuple[str, Any]] = {
 # Flags the engine accepts and ignores, grouped by what they set in llama-server (a group counts as one flag when
 # llamacpp_args strings are merged: -cb and -nocb are the two values of one setting).
 _IGNORED_GROUPS = (
-    ("-np", "--parallel"),
     ("-cb", "--cont-batching", "-nocb", "--no-cont-batching"),
     ("--no-webui",),
     ("--metrics",),

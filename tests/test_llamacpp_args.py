@@ -20,6 +20,7 @@ def test_parse_llamacpp_args():
         "temperature": 0.7,
         "top_k": 20,
         "type_k": 8,
+        "n_parallel": 2,
     }
     assert parse_llamacpp_args("") == {}
     assert parse_llamacpp_args("-fa auto --seed 5")["seed"] == 5

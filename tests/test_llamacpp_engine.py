@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 
 from lemonkit.backends.llamacpp import LlamaCppEngine
+from lemonkit.backends.llamacpp.sampler import SeqSampler
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotApplicable, NotEmbeddingModel
 from lemonkit.testing.tiny_gguf import (
     png_data_url,
@@ -442,7 +443,7 @@ def test_prompt_cache_not_reused_when_the_window_was_dropped(engine: LlamaCppEng
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"] - 1
     n_past = again["usage"]["prompt_tokens"] - 1
     # a 16-token window whose cache dropped every cell before n_past - 16: the prefix still serves
-    monkeypatch.setattr(engine._gen, "_n_swa", 16)
+    monkeypatch.setattr(engine._gen._batcher, "_n_swa", 16)
     monkeypatch.setattr(llama_cpp, "llama_memory_seq_pos_min", lambda memory, seq: n_past - 16)
     assert chat(engine, **body)["usage"]["prompt_tokens_details"]["cached_tokens"] == n_past
     # one cell more dropped: the window of the first new token is incomplete, so everything is evaluated again
@@ -787,10 +788,11 @@ def test_multibyte_characters_split_across_tokens(engine: LlamaCppEngine, monkey
     text = "h\u00e9 \u2603 ok \U0001f600"
     ids = [3 + b for b in text.encode("utf-8")] + [llm.token_eos()]
 
-    def fake_generate(tokens: Any, **kwargs: Any) -> Iterator[int]:
-        yield from ids
+    def fake_sample(sampler: SeqSampler, ctx: Any, idx: int) -> int:
+        sampler.scripted = getattr(sampler, "scripted", -1) + 1  # type: ignore[attr-defined]
+        return ids[sampler.scripted]  # type: ignore[attr-defined]
 
-    monkeypatch.setattr(llm, "generate", fake_generate)
+    monkeypatch.setattr(SeqSampler, "sample", fake_sample)
     r = complete(engine, prompt="x", max_tokens=100)
     assert r["choices"][0]["text"] == text and r["choices"][0]["finish_reason"] == "stop"
     assert r["usage"]["completion_tokens"] == len(text.encode("utf-8"))
@@ -884,7 +886,9 @@ def image_message(url: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def vision(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppEngine]:
     mmproj = write_tiny_mmproj(tmp_path_factory.mktemp("mmproj") / "mmproj-tiny.gguf")
-    e = LlamaCppEngine({"model_path": str(tiny_path), "type": "llm", "mmproj_path": str(mmproj), "options": {}})
+    # one slot: the image request runs where the text-only one was cached, which the cache test below relies on
+    options = {"llamacpp_args": "--parallel 1"}
+    e = LlamaCppEngine({"model_path": str(tiny_path), "type": "llm", "mmproj_path": str(mmproj), "options": options})
     yield e
     e.close()
 

@@ -141,7 +141,11 @@ def _expects_sse(body: dict[str, Any]) -> bool:
 def create_app(engine: Engine, *, ping_interval: float = 10.0) -> Starlette:
     """The ASGI app serving ``engine``: the routes of :data:`~lemonkit.backends.base.ROUTES`, ``/health`` and
     ``/stats``."""
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")  # FIFO: requests queue fairly
+    # One thread per request the engine serves at once (its "slots": a batching engine generates that many
+    # together); the manager admits no more, fairly per user, so requests never queue here. /health and /stats run
+    # on the event loop and never wait for these.
+    slots = int(engine.info().get("slots", 1))
+    executor = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="engine")
 
     async def run_route(request: Request) -> Response:
         route = ROUTES[request.url.path]

@@ -80,7 +80,9 @@ def completion(i: int) -> dict[str, Any]:
 
 async def test_a_full_queue_answers_503_with_retry_after_while_the_queued_complete(bounded: Host) -> None:
     async with bounded.client() as client:
-        assert (await client.post("load", json={"model_name": TINY, "ctx_size": 4096})).status_code == 200
+        assert (
+            await client.post("load", json={"model_name": TINY, "ctx_size": 4096, "llamacpp_args": "--parallel 1"})
+        ).status_code == 200
         assert (await _entry(client))["slots"] == {"total": 1, "busy": 0, "idle": 1}
         async with Holder(bounded):
             queued = [asyncio.ensure_future(client.post("chat/completions", json=completion(i))) for i in range(2)]

@@ -116,6 +116,9 @@ async def test_tiny_unrelated_prompt_reuses_only_the_shared_prefix(host: Host) -
     expected = _shared(_tokens(a), _tokens(b))  # BOS, if the model adds one
     async with host.client() as client:
         await _fresh(client, TINY)
+        # one slot: with more, an unrelated prompt goes to a free slot rather than share a token with a cached one
+        load = {"model_name": TINY, "llamacpp_args": "--parallel 1"}
+        assert (await client.post("load", json=load)).status_code == 200
         first = await _post(client, "completions", {"model": TINY, "prompt": a, "max_tokens": 4, **GREEDY})
         assert await _cached(client, first) == 0
         assert first["usage"]["prompt_tokens"] == len(_tokens(a))

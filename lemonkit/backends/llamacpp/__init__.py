@@ -1,10 +1,13 @@
 """The ``llamacpp`` recipe: chat, completions, embeddings and rerank on llama-cpp-python.
 
 One :class:`LlamaCppEngine` owns one ``llama_cpp.Llama`` and runs in a sidecar process (see
-:mod:`lemonkit.backends.base`); requests arrive one at a time on the sidecar's worker thread.
+:mod:`lemonkit.backends.base`); up to ``--parallel`` requests arrive at once, each on a sidecar worker thread, and
+one decode thread generates them together.
 
 - :mod:`~lemonkit.backends.llamacpp.engine`: loading, the OpenAI routes, chat requests to prompts;
-- :mod:`~lemonkit.backends.llamacpp.generation`: prompt evaluation, sampling (with grammars), stop strings, logprobs;
+- :mod:`~lemonkit.backends.llamacpp.generation`: sampling settings, tokens to text, stop strings;
+- :mod:`~lemonkit.backends.llamacpp.batch`: the decode thread, its slots, chunked prefill and per-slot prompt caches;
+- :mod:`~lemonkit.backends.llamacpp.sampler`: one sequence's sampler (grammar last) and logprobs;
 - :mod:`~lemonkit.backends.llamacpp.vision`: the mmproj and prompts with images;
 - :mod:`~lemonkit.backends.llamacpp.shapes`: OpenAI answers and chunks built from generated tokens.
 

@@ -1,14 +1,10 @@
-"""Token generation on one ``llama_cpp.Llama``: prompt evaluation, sampling (grammar last), stop strings, logprobs.
+"""Token generation: requests go to the model's decode thread (:mod:`~lemonkit.backends.llamacpp.batch`), which
+batches them; each request's own thread turns its tokens into text here.
 
-Generation runs our own loop over ``Llama.generate`` rather than ``create_completion(stream=True)``: the library's
-streaming re-detokenizes the whole completion and rescans every stop string on each token (quadratic in the answer
-length), needs ``logits_all=True`` (an n_ctx x n_vocab float buffer: 4 GB for Gemma 3 at 4096) for logprobs, and
-cannot tell prompt time from generation time. The loop here caches each token's bytes once, decodes UTF-8
-incrementally, matches stop strings only over the held-back tail, reads logprobs from the last logits row only when
-asked, evaluates the prompt itself (exact ``prompt_ms``/``cache_n``) and checks ``cancelled()`` between tokens.
-Grammar-constrained output (``response_format``, forced tool calls) samples as llama-server does, grammar last and
-only for rejected tokens (:meth:`Generator._grammar_tokens`): 3.4x faster than llama-cpp-python's grammar-first
-chain on Gemma's 262k vocab, same greedy output.
+The text side caches each token's bytes once, decodes UTF-8 incrementally, matches stop strings only over the held-
+back tail and checks ``cancelled()`` between tokens. Prompt evaluation (with the slot's prefix cache), sampling
+(grammar last, :mod:`~lemonkit.backends.llamacpp.sampler`) and logprobs (from the sequence's own logits row, so no
+``logits_all`` buffer) happen on the decode thread.
 """
 
 from __future__ import annotations
@@ -24,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from lemonkit.backends.base import Cancelled
 from lemonkit.backends.chat import StopMatcher
+from lemonkit.backends.llamacpp.batch import Batcher, End
 from lemonkit.backends.llamacpp.shapes import Run
 from lemonkit.errors import InvalidArgument
 
@@ -174,29 +171,46 @@ class Sampling:
 
 
 class Generator:
-    """Generation on one loaded ``Llama``: one job at a time, each token's bytes cached across jobs.
+    """Generation on one loaded ``Llama``: ``n_parallel`` jobs at a time, each token's bytes cached across jobs.
 
     Args:
-        llm: The loaded ``llama_cpp.Llama``.
+        llm: The loaded ``llama_cpp.Llama``, its context built for ``n_parallel`` sequences
+            (:func:`~lemonkit.backends.llamacpp.batch.parallel_context`).
         vision: Evaluates prompts that carry images (None: the model was loaded without an mmproj).
+        n_parallel: Jobs generated together.
+        n_batch: Tokens decoded per step.
     """
 
-    def __init__(self, llm: Any, vision: Vision | None = None) -> None:
+    def __init__(self, llm: Any, vision: Vision | None = None, *, n_parallel: int = 1, n_batch: int = 512) -> None:
         import llama_cpp
 
         self._lc = llama_cpp
         self._llm = llm
         self.vision = vision
         self.n_ctx: int = llm.n_ctx()
-        self._n_vocab: int = llm.n_vocab()
         self._vocab = llm._model.vocab
-        self._n_swa: int = int(llama_cpp.llama_model_n_swa(llm._model.model))  # 0: no sliding-window attention
         self.add_bos: bool = bool(llm._model.add_bos_token())
         self._bos: int = llm.token_bos()
         self.bos_text: str = llm._model.token_get_text(self._bos) if self._bos >= 0 else ""
         self._pieces: dict[int, tuple[bytes, bool, str | None]] = {}
-        #: ``/v1/stats`` fields of the last generation (empty before the first)
+        #: ``/v1/stats`` fields of the last generation to finish (empty before the first)
         self.stats: dict[str, Any] = {}
+        self._batcher = Batcher(
+            llm,
+            n_parallel=n_parallel,
+            n_batch=n_batch,
+            is_eog=self._is_eog,
+            n_swa=int(llama_cpp.llama_model_n_swa(llm._model.model)),
+            vision=vision,
+        )
+
+    @property
+    def n_parallel(self) -> int:
+        return self._batcher.n_parallel
+
+    def close(self) -> None:
+        """Stop the decode thread (before the model is freed)."""
+        self._batcher.close()
 
     def tokenize(self, text: str) -> list[int]:
         """The prompt's tokens, refused when empty or when it leaves no room in the context."""
@@ -240,162 +254,38 @@ class Generator:
         self._pieces[token] = entry
         return entry
 
-    def _prefill(self, tokens: list[int]) -> int:
-        """Evaluate the prompt, reusing the longest cached prefix; return how many tokens were reused.
-
-        Leaves the context exactly at ``tokens`` so ``Llama.generate`` samples without re-evaluating.
-        """
-        import numpy as np
-
-        llm = self._llm
-        n_cached = llm.n_tokens
-        prefix = 0
-        if n_cached > 0:
-            m = min(n_cached, len(tokens))
-            diff = np.nonzero(llm.input_ids[:m] != np.asarray(tokens[:m], dtype=np.intc))[0]
-            prefix = int(diff[0]) if len(diff) else m
-        if prefix == len(tokens) == n_cached and not getattr(llm, "_requires_eval", True):
-            return prefix
-        # At least one token must be evaluated to get fresh logits.
-        reuse = min(prefix, len(tokens) - 1)
-        if reuse > 0 and self._window_intact(reuse) and llm._ctx.kv_cache_seq_rm(-1, reuse, -1):
-            llm.n_tokens = reuse
-        else:
-            llm.reset()
-            llm._ctx.kv_cache_clear()
-            reuse = 0
-        llm.eval(tokens[reuse:])
-        return reuse
-
-    def _window_intact(self, n_past: int) -> bool:
-        """Whether the context still holds every cell a prompt continued at ``n_past`` attends to.
-
-        A sliding-window cache that is not full size (``swa_full`` off) drops the cells older than its window:
-        continuing from a prefix whose window was dropped would silently change the output, so then the whole
-        prompt is evaluated again (llama-server's rule). Full-size and ordinary caches keep position 0 onwards.
-        """
-        pos_min = int(self._lc.llama_memory_seq_pos_min(self._llm._ctx.memory, 0))
-        return pos_min <= max(0, n_past - max(1, self._n_swa))
-
-    def _logprob(self, token: int, n_top: int) -> tuple[float, list[tuple[int, float]]]:
-        """Log-probability of ``token`` and the ``n_top`` best alternatives, from the logits it was sampled from."""
-        import numpy as np
-
-        ptr = self._lc.llama_get_logits_ith(self._llm._ctx.ctx, -1)
-        logits = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
-        m = float(logits.max())
-        lse = m + math.log(float(np.exp(logits - m).sum()))
-        tops: list[tuple[int, float]] = []
-        if n_top > 0:
-            idx = np.argpartition(logits, -n_top)[-n_top:]
-            idx = idx[np.argsort(-logits[idx])]
-            tops = [(int(i), float(logits[i]) - lse) for i in idx]
-        return float(logits[token]) - lse, tops
-
-    def _grammar_tokens(self, gbnf: str, sampling: dict[str, Any]) -> Iterator[int]:
-        """Sample under a grammar the way llama-server does: grammar last, and only when needed.
-
-        ``Llama.generate`` puts the grammar first in the sampler chain, which checks every vocab
-        entry against the grammar on every token (4x slower on Gemma's 262k vocab). Here the
-        ordinary chain picks a token, the grammar checks just that one, and only a rejected
-        token costs a full grammar pass and a resample. Expects the prompt already evaluated.
-        """
-        import numpy as np
-
-        lc = self._lc
-        llm = self._llm
-        n_vocab = self._n_vocab
-        chain = llm._init_sampler(**sampling)  # same chain (and seed) as Llama.generate builds
-        grammar = lc.llama_sampler_init_grammar(self._vocab, gbnf.encode("utf-8"), b"root")
-        if not grammar:
-            raise InvalidArgument("the response format or tool schema could not be turned into a grammar")
-        dtype = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
-        cand = np.zeros(n_vocab, dtype=dtype)
-        ids = np.arange(n_vocab, dtype=np.intc)
-        cand_ptr = cand.ctypes.data_as(lc.llama_token_data_p)
-        cur = lc.llama_token_data_array(data=cand_ptr, size=n_vocab, selected=-1, sorted=False)
-        one = (lc.llama_token_data * 1)()
-        one_ptr = ctypes.cast(one, lc.llama_token_data_p)
-        single = lc.llama_token_data_array(data=one_ptr, size=1, selected=-1, sorted=False)
-        cur_ref, single_ref = ctypes.byref(cur), ctypes.byref(single)
-        ctx = llm._ctx.ctx
-
-        def load_logits() -> None:
-            # Samplers may repoint ``data`` and shrink ``size``: reset the whole array each time.
-            cand["id"] = ids
-            cand["logit"] = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
-            cand["p"] = 0.0
-            cur.data, cur.size, cur.selected, cur.sorted = cand_ptr, n_vocab, -1, False
-
-        try:
-            while True:
-                load_logits()
-                lc.llama_sampler_apply(chain.sampler, cur_ref)
-                token = int(cur.data[cur.selected].id)
-                one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
-                single.data, single.size, single.selected, single.sorted = one_ptr, 1, -1, False
-                lc.llama_sampler_apply(grammar, single_ref)
-                if single.data[0].logit == -math.inf:  # the grammar rejects it: sample again, grammar first
-                    load_logits()
-                    lc.llama_sampler_apply(grammar, cur_ref)
-                    lc.llama_sampler_apply(chain.sampler, cur_ref)
-                    token = int(cur.data[cur.selected].id)
-                eog = (self._pieces.get(token) or self._piece(token))[1]
-                if not eog:  # the grammar aborts on an end token it does not expect; the caller stops there
-                    lc.llama_sampler_accept(grammar, token)
-                lc.llama_sampler_accept(chain.sampler, token)
-                yield token
-                llm.eval([token])
-        finally:
-            lc.llama_sampler_free(grammar)
-            chain.close()
+    def _is_eog(self, token: int) -> bool:
+        return (self._pieces.get(token) or self._piece(token))[1]
 
     def generate(self, job: Job, run: Run, cancelled: Cancelled) -> Iterator[tuple[str, Logprob | None]]:
         """Yield ``(text, logprob)`` per generated token; ``text`` may be "" while a stop string is undecided.
 
         ``logprob`` is None unless ``job.n_probs`` is set. Fills ``run`` and :attr:`stats` as it goes (also when the
-        consumer stops early).
+        consumer stops early, which frees the job's slot at the decode thread's next step).
         """
-        llm = self._llm
-        t0 = time.perf_counter()
-        if job.images:
-            assert self.vision is not None  # images are refused at the request without one
-            tokens = self.vision.prefill(job.prompt, job.images)
-            run.cached = 0
-        else:
-            tokens = job.tokens
-            run.cached = self._prefill(tokens)
-        now = time.perf_counter()
-        run.prompt_ms = (now - t0) * 1000.0
-        run.prompt_tokens = len(tokens)
-        room = self.n_ctx - len(tokens)
-        max_tokens = room if job.max_tokens < 0 else min(job.max_tokens, room)
+        seq = self._batcher.submit(job, run, cancelled)
         run.finish_reason = "length"
-
-        llm.set_seed(job.seed)
-        if job.grammar is not None:
-            gen: Any = self._grammar_tokens(job.grammar, job.sampling)
-        else:
-            gen = llm.generate(tokens, reset=True, **job.sampling)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         decode = decoder.decode
         pending = False  # the decoder holds part of a character
         stopper = StopMatcher(job.stops) if job.stops else None
         pieces = self._pieces
-        n_probs = job.n_probs
         times = run.times
-        last = now
+        last = 0.0
         n = 0
         try:
-            if max_tokens <= 0:
-                return
-            for token in gen:
+            for item in seq.events():
+                if isinstance(item, End):
+                    if item.reason == "cancelled":
+                        run.finish_reason = "cancelled"
+                    break
+                token, tail = item
                 t = time.perf_counter()
                 entry = pieces.get(token) or self._piece(token)
                 if entry[1]:  # end of generation
                     run.finish_reason = "stop"
                     break
-                times.append(t - last)
+                times.append(t - (last or seq.prefilled_at))
                 last = t
                 if n == 0:
                     run.ttft = t - run.t_start
@@ -405,9 +295,7 @@ class Generator:
                 if text is None or pending:
                     text = decode(entry[0])
                     pending = bool(decoder.buffer)
-                lp = None
-                if n_probs is not None:
-                    lp = (token, entry[0], *self._logprob(token, n_probs))
+                lp = None if tail is None else (token, entry[0], *tail)
                 if stopper is not None:
                     text = stopper.feed(text)
                     if stopper.stopped:
@@ -415,21 +303,17 @@ class Generator:
                         yield text, lp
                         break
                 yield text, lp
-                if n >= max_tokens:
-                    break
                 if cancelled():
                     run.finish_reason = "cancelled"
                     break
             if run.finish_reason != "cancelled":
-                tail = decode(b"", final=True)
+                tail_text = decode(b"", final=True)
                 if stopper is not None:
-                    tail = stopper.feed(tail) + stopper.finish()
-                if tail:
-                    yield tail, None
+                    tail_text = stopper.feed(tail_text) + stopper.finish()
+                if tail_text:
+                    yield tail_text, None
         finally:
-            gen.close()
-            if job.images:
-                llm.reset()  # image positions hold no token ids: never prefix-match them
+            seq.done = True
             self._record(run)
 
     def _record(self, run: Run) -> None:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from typing import Any
 
 from lemonkit.errors import InvalidArgument, ModelLoadError
 
-__all__ = ["Vision", "decode_data_url"]
+__all__ = ["DecodeText", "Vision", "decode_data_url"]
+
+#: Evaluates text tokens into the sequence being filled, from a position, with logits for the last token.
+DecodeText = Callable[[list[int], int], None]
 
 
 class Vision:
@@ -49,16 +53,23 @@ class Vision:
         mtmd_cpp.mtmd_log_set(llama_log_callback, None)
         mtmd_cpp.mtmd_helper_log_set(llama_log_callback, None)
 
-    def prefill(self, prompt: str, images: list[bytes]) -> list[int]:
-        """Tokenize ``prompt`` with its images through mtmd and evaluate it; return the positions as ids.
+    def prefill(self, prompt: str, images: list[bytes], *, seq: int, decode_text: DecodeText) -> int:
+        """Tokenize ``prompt`` with its images through mtmd and evaluate it into sequence ``seq`` from position 0.
+
+        Args:
+            prompt: The rendered prompt, one :attr:`marker` per image.
+            images: The image files, in the prompt's order.
+            seq: The (emptied) sequence of the context to fill.
+            decode_text: Evaluates text tokens at a position of ``seq``, logits for the last one.
+
+        Returns:
+            The positions the prompt fills; the last decode's last logits row predicts the next token.
 
         Raises:
             InvalidArgument: An image that does not decode, a marker count that does not match, or no room left.
         """
         handler = self._handler
         mtmd = handler._mtmd_cpp
-        llm = self._llm
-        n_ctx = llm.n_ctx()
         bitmaps = []
         try:
             for data in images:
@@ -79,43 +90,43 @@ class Vision:
                 arr = (mtmd.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps)
                 if mtmd.mtmd_tokenize(handler.mtmd_ctx, chunks, ctypes.byref(text), arr, len(bitmaps)) != 0:
                     raise InvalidArgument("the number of images does not match the prompt's image markers")
-                llm.reset()
-                llm._ctx.kv_cache_clear()
+                n_past = 0
                 for i in range(mtmd.mtmd_input_chunks_size(chunks)):
-                    self._eval_chunk(mtmd, mtmd.mtmd_input_chunks_get(chunks, i), n_ctx)
+                    n_past = self._eval_chunk(mtmd, mtmd.mtmd_input_chunks_get(chunks, i), n_past, seq, decode_text)
             finally:
                 mtmd.mtmd_input_chunks_free(chunks)
         finally:
             for bm in bitmaps:
                 mtmd.mtmd_bitmap_free(bm)
-        return [int(t) for t in llm.input_ids[: llm.n_tokens]]
+        return n_past
 
-    def _eval_chunk(self, mtmd: Any, chunk: Any, n_ctx: int) -> None:
+    def _eval_chunk(self, mtmd: Any, chunk: Any, n_past: int, seq: int, decode_text: DecodeText) -> int:
         llm = self._llm
+        n_ctx = llm.n_ctx()
         if mtmd.mtmd_input_chunk_get_type(chunk) == mtmd.MTMD_INPUT_CHUNK_TYPE_TEXT:
             n = ctypes.c_size_t()
             ptr = mtmd.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
             toks = [ptr[j] for j in range(n.value)]
-            if llm.n_tokens + len(toks) >= n_ctx:
+            if n_past + len(toks) >= n_ctx:
                 raise InvalidArgument("the prompt with its images exceeds the context size")
-            llm.eval(toks)
-            return
-        if llm.n_tokens + mtmd.mtmd_input_chunk_get_n_tokens(chunk) >= n_ctx:
+            decode_text(toks, n_past)
+            return n_past + len(toks)
+        if n_past + mtmd.mtmd_input_chunk_get_n_tokens(chunk) >= n_ctx:
             raise InvalidArgument("the prompt with its images exceeds the context size")
         new_past = self._lc.llama_pos(0)
         rc = mtmd.mtmd_helper_eval_chunk_single(
             self._handler.mtmd_ctx,
             llm._ctx.ctx,
             chunk,
-            self._lc.llama_pos(llm.n_tokens),
-            self._lc.llama_seq_id(0),
+            self._lc.llama_pos(n_past),
+            self._lc.llama_seq_id(seq),
             llm.n_batch,
-            False,
+            True,  # logits for the last position: a prompt may end with its image
             ctypes.byref(new_past),
         )
         if rc != 0:
             raise InvalidArgument(f"evaluating an image failed (code {rc})")
-        llm.n_tokens = new_past.value
+        return int(new_past.value)
 
 
 def decode_data_url(url: str) -> bytes:

