@@ -109,7 +109,8 @@ def llama_server_binary(*, jobs: int = 2, log: Callable[[str], None] = print) ->
             subprocess.run([*nice, "cmake", "-S", str(source), "-B", str(build), *flags], check=True)
             target = ["--build", str(build), "--target", "llama-server", f"-j{jobs}"]
             subprocess.run([*nice, "cmake", *target], check=True)
-            shutil.copy2(next(build.glob("**/bin/llama-server")), binary)
+            shutil.copy2(next(build.glob("**/bin/llama-server")), work_dir / "llama-server")
+            (work_dir / "llama-server").replace(binary)  # whole or not at all, for the next run's exists()
     except (subprocess.CalledProcessError, StopIteration, OSError) as exc:
         log(f"llama-server columns skipped: the build failed ({exc})")
         return None
@@ -509,6 +510,28 @@ def _loadavg() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def _against_servers(home: Path, binary: Path | None, sections: list[str], args: Any) -> None:
+    """The sections that run ``lemonkit serve`` (and ``llama-server`` when there is one)."""
+    lk = Lemonkit(home, args.threads, args.ctx)
+    try:
+        lk.load(1)
+        gguf = lk.model_path()
+        server = None
+        if binary is not None:
+
+            def server(n: int) -> Contender:
+                return _llama_server(binary, gguf, n, args.threads, args.ctx)
+
+        if "streams" in sections:
+            bench_streams(lk, server, [int(n) for n in args.streams.split(",")], args)
+        if "single" in sections:
+            bench_single(lk, gguf, args)
+        if "probe" in sections:
+            bench_probe(lk, server, args)
+    finally:
+        lk.contender.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", default="1,2,4,8", help="stream counts, comma-separated")
@@ -530,27 +553,12 @@ def main() -> None:
         print(llama_server_binary() or "no llama-server")
         return
     print(f"load averages at start: {_loadavg()}")
-    binary = None if args.no_llama_server else llama_server_binary()
+    wanted = not args.no_llama_server and {"streams", "probe"} & set(sections)
+    binary = llama_server_binary() if wanted else None
     home = _cache_root()
     home.mkdir(parents=True, exist_ok=True)
-    lk = Lemonkit(home, args.threads, args.ctx)
-    try:
-        lk.load(1)
-        gguf = lk.model_path()
-        server = None
-        if binary is not None:
-
-            def server(n: int) -> Contender:
-                return _llama_server(binary, gguf, n, args.threads, args.ctx)
-
-        if "streams" in sections:
-            bench_streams(lk, server, [int(n) for n in args.streams.split(",")], args)
-        if "single" in sections:
-            bench_single(lk, gguf, args)
-        if "probe" in sections:
-            bench_probe(lk, server, args)
-    finally:
-        lk.contender.stop()
+    if {"streams", "single", "probe"} & set(sections):
+        _against_servers(home, binary, sections, args)
     if "embed" in sections:
         bench_embed(home, args)
     print(
