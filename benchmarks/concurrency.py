@@ -219,17 +219,21 @@ class Stream:
         return (len(self.stamps) - 1) / (last - first) if last > first else 0.0
 
 
-def _stream(contender: Contender, tokens: int, stop: threading.Event | None = None) -> Stream:
+def _text(chunk: dict[str, Any]) -> str:
+    """A streamed chunk's text (a usage or final chunk may have no choices)."""
+    choices = chunk.get("choices") or [{}]
+    return str(choices[0].get("text") or "")
+
+
+def _stream(contender: Contender, tokens: int) -> Stream:
     body = {"model": contender.model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True}
     stamps: list[float] = []
     start = time.perf_counter()
     with httpx.stream("POST", f"{contender.api}/completions", json=body, timeout=None) as response:
         response.raise_for_status()
         for line in response.iter_lines():
-            if line.startswith("data: {") and json.loads(line[6:])["choices"][0].get("text"):
+            if line.startswith("data: {") and _text(json.loads(line[6:])):
                 stamps.append(time.perf_counter())
-            if stop is not None and stop.is_set():
-                break  # leaving closes the connection: the server stops generating
     return Stream(start, stamps)
 
 
