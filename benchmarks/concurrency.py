@@ -37,6 +37,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -251,7 +252,9 @@ def _concurrent(contender: Contender, n: int, tokens: int) -> tuple[float, int]:
 
 
 def bench_streams(lk: Lemonkit, server: Callable[[int], Contender] | None, ns: list[int], args: Any) -> None:
-    rows = []
+    print(f"\nstreams: aggregate tok/s of N concurrent streams, {args.tokens} tokens each, median of {args.rounds}")
+    print(f"  {'N':>3} {'lemonkit':>10} {'llama-server':>13} {'lk/ls':>7} {'lk xN=1':>8} {'ls xN=1':>8}  tokens seen")
+    base: dict[str, float] = {}
     for n in ns:
         lk.load(n)
         contenders = [lk.contender]
@@ -271,17 +274,14 @@ def bench_streams(lk: Lemonkit, server: Callable[[int], Contender] | None, ns: l
         finally:
             if other is not None:
                 other.stop()
-        rows.append((n, {k: statistics.median(v) for k, v in rates.items()}, counts))
-    print(f"\nstreams: aggregate tok/s of N concurrent streams, {args.tokens} tokens each, median of {args.rounds}")
-    print(f"  {'N':>3} {'lemonkit':>10} {'llama-server':>13} {'lk/ls':>7} {'lk xN=1':>8} {'ls xN=1':>8}  tokens seen")
-    base: dict[str, float] = {}
-    for n, med, counts in rows:
+        med = {k: statistics.median(v) for k, v in rates.items()}
         for name, rate in med.items():
             base.setdefault(name, rate)
         lk_rate, ls_rate = med["lemonkit"], med.get("llama-server")
         ls_cols = f"{ls_rate:13.1f} {lk_rate / ls_rate:7.3f}" if ls_rate else f"{'skipped':>13} {'':>7}"
         ls_scale = f"{ls_rate / base['llama-server']:8.2f}" if ls_rate else f"{'':>8}"
-        print(f"  {n:>3} {lk_rate:10.1f} {ls_cols} {lk_rate / base['lemonkit']:8.2f} {ls_scale}  {counts}")
+        # each row as soon as it is measured: a long run interrupted keeps what it measured
+        print(f"  {n:>3} {lk_rate:10.1f} {ls_cols} {lk_rate / base['lemonkit']:8.2f} {ls_scale}  {counts}", flush=True)
 
 
 def bench_single(lk: Lemonkit, gguf: Path, args: Any) -> None:
@@ -536,6 +536,10 @@ def _against_servers(home: Path, binary: Path | None, sections: list[str], args:
         lk.contender.stop()
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # so that the servers' ``finally`` stops them
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", default="1,2,4,8", help="stream counts, comma-separated")
@@ -549,6 +553,7 @@ def main() -> None:
     parser.add_argument("--no-llama-server", action="store_true", help="skip (and do not build) llama-server")
     parser.add_argument("--build-only", action="store_true", help="build llama-server if needed, then exit")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = set(sections) - set(SECTIONS)
     if unknown:
