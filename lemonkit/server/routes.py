@@ -22,7 +22,7 @@ from lemonkit.server import (
 )
 from lemonkit.server.base import LemonkitHandler, LemonkitWebSocket, NotFoundHandler
 
-__all__ = ["API_PREFIXES", "API_ROUTES", "VERSIONED_WS_ROUTES", "WS_ROUTES", "build"]
+__all__ = ["API_PREFIXES", "API_ROUTES", "PROBE_ROUTES", "VERSIONED_WS_ROUTES", "WS_ROUTES", "build"]
 
 #: every versioned route is served under each of these
 API_PREFIXES = ("api/v1/", "v1/", "api/v0/", "v0/")
@@ -69,6 +69,9 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("uninstall", install.UninstallHandler),
 ]
 
+#: the versioned routes polled most (health checks), tried first
+PROBE_ROUTES = [("health", lemonade.HealthHandler)]
+
 #: WebSocket routes, unversioned like ``/live`` (the spec serves them from the root of its WebSocket port)
 WS_ROUTES: list[tuple[str, type[LemonkitWebSocket]]] = [
     ("logs/stream", logs.LogStreamHandler),
@@ -95,8 +98,16 @@ def build(root: str, host_base: type[Any], ws_base: type[Any]) -> list[tuple[str
             concrete[cls] = type(cls.__name__, (cls, base), {})
         return concrete[cls]
 
-    rules = [(f"{root}{prefix}{path}/?", host(cls)) for prefix in API_PREFIXES for path, cls in API_ROUTES]
-    rules.append((f"{root}live/?", host(lemonade.LiveHandler)))
+    # Tornado tries the rules in order, a regex each: the probes come first, so they cost one or a few matches
+    # rather than a hundred (and no rule below overlaps them)
+    rules = [(f"{root}live/?", host(lemonade.LiveHandler))]
+    rules += [(f"{root}{prefix}{path}/?", host(cls)) for prefix in API_PREFIXES for path, cls in PROBE_ROUTES]
+    rules += [
+        (f"{root}{prefix}{path}/?", host(cls))
+        for prefix in API_PREFIXES
+        for path, cls in API_ROUTES
+        if (path, cls) not in PROBE_ROUTES
+    ]
     rules += [(f"{root}{path}/?", host(cls, ws_base)) for path, cls in WS_ROUTES]
     rules += [(f"{root}{p}{path}/?", host(cls, ws_base)) for p in API_PREFIXES for path, cls in VERSIONED_WS_ROUTES]
     rules.append((f"{root}.*", host(NotFoundHandler)))

@@ -190,6 +190,13 @@ class BrowserPolicy:
             return True
         return name in self.names or any(name.endswith(s) or name == s[1:] for s in self.suffixes)
 
+    def accepts_host(self, header: str | None) -> bool:
+        """Whether a request with this ``Host`` header may be served."""
+        if self.any_host:
+            return True
+        parsed = _host_name(header)
+        return parsed is not None and self.host_allowed(parsed[0])
+
     def check(self, request: HTTPServerRequest) -> None:
         """Refuse a request whose ``Host`` is not this server's or whose ``Origin`` is not accepted.
 
@@ -198,8 +205,7 @@ class BrowserPolicy:
             ForbiddenOrigin: A browser page of a foreign origin sent the request.
         """
         header = request.headers.get("Host")
-        parsed = _host_name(header)
-        if not self.any_host and (parsed is None or not self.host_allowed(parsed[0])):
+        if not self.accepts_host(header):
             shown = "no Host header" if header is None else f"Host {header[:100]!r}"
             raise ForbiddenHost(
                 f"Refused a request with {shown}: this server answers only to its own names; "

@@ -19,6 +19,7 @@ from lemonkit.config import DEFAULT_PORT, Settings
 from lemonkit.errors import Unauthorized
 from lemonkit.logs import redact_logs
 from lemonkit.server import routes
+from lemonkit.server.probe import ProbeFastPath
 from lemonkit.server.security import ALLOW_HEADERS, POLICY_KEY, BrowserPolicy
 from lemonkit.server.service import SETTINGS_KEY, Service
 
@@ -160,7 +161,8 @@ async def serve(
             sock.close()
         raise
     service = Service(settings)
-    server = HTTPServer(make_app(service, policy))
+    # a plain GET /live is answered before the application's routing (see probe.py)
+    server = HTTPServer(ProbeFastPath(make_app(service, policy), policy))
     server.add_sockets(sockets)
     bound = sockets[0].getsockname()[1]
     for warning in policy.warnings(service.settings.api_key):

