@@ -19,7 +19,7 @@ import httpx
 import pytest
 from conftest import API_KEY, TINY, Host, Standalone
 from test_back_pressure import Holder
-from test_pull import Env, env, fresh, module_hub, pull_standalone, registration, repo_files  # noqa: F401
+from test_pull import Env, env, fresh, pull_standalone, registration  # noqa: F401
 from waiting import until
 
 PROBES = 40  # probes sent at once while the model is held
