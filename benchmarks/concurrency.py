@@ -54,6 +54,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' helpers, as benchmarks/shared.py does
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # what they import (processes.py)
 from tests.llama_cpp_server import free_port
 
 PROMPT = "The history of the printing press begins"

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the real-server helpers of the tests: tests/hub_process.py, tests/llama_cpp_server.py
+sys.path.insert(0, str(ROOT / "tests"))  # what those helpers import (tests/processes.py)
 
 HOME = Path(tempfile.mkdtemp(prefix="lemonkit-shared-bench-"))
 HF_CACHE = HOME / "hf"

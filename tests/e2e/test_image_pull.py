@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from test_images import check_answer
-from test_pull import Env, env, model, module_hub, pull_standalone, repo_files  # noqa: F401 - fixtures
+from test_pull import Env, env, model, pull_standalone  # noqa: F401 - fixtures
 
 from lemonkit.diffusers_layout import diffusers_files
 from lemonkit.testing.tiny_diffusers import TINY_SIZE, write_tiny_pipeline

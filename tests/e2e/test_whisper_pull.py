@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from speech import SENTENCES, normalised_words, speech_wav
-from test_pull import Env, env, model, module_hub, pull_standalone, repo_files  # noqa: F401 - fixtures
+from test_pull import Env, env, model, pull_standalone  # noqa: F401 - fixtures
 
 from lemonkit.registry import Registry
 

@@ -20,10 +20,8 @@ from test_pull import (  # noqa: F401  (its fixtures: the hub, and hosts whose p
     Env,
     env,
     fresh,
-    module_hub,
     pull_standalone,
     registration,
-    repo_files,
     until,
 )
 
