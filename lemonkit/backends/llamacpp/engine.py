@@ -66,10 +66,9 @@ class LlamaCppEngine:
     """
 
     def __init__(self, spec: LoadSpec) -> None:
-        # ggml's OpenMP workers spin between decodes by default, starving the request threads that turn tokens
-        # into text next to the decode thread: 10x slower single streams measured on 2 cores. libgomp reads this
-        # when llama_cpp first loads it (in a sidecar: here), so a process that loaded it before keeps its policy.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        # libgomp's default wait policy (spin briefly, then sleep) is kept: OMP_WAIT_POLICY=PASSIVE halved a single
+        # stream on a quiet machine (86 -> 48 tok/s on Gemma 3 270M, benchmarks/concurrency.py); ACTIVE spins forever
+        # and starves every other process of its cores. An operator's own OMP_WAIT_POLICY still applies.
         import llama_cpp
 
         self.spec = spec
