@@ -116,6 +116,7 @@ def replay(result: ChatResult, *, client: Client | None = None) -> ReplayResult:
         raise ValueError("Only chat and completion results can be replayed (this one's provenance has no such request)")
     body = {k: v for k, v in request.items() if k != "stream_options"}
     body["stream"] = False
+    body.setdefault("cache_prompt", False)  # the whole prompt evaluated as the first time, not its cached prefix
     again = (client or default_client()).run(route, body)
     before, after = result.provenance, again.provenance
     changed = {k: (before.get(k), after.get(k)) for k in _MODEL_FACTS if before.get(k) != after.get(k)}

@@ -148,3 +148,17 @@ async def test_bundled_chat_model_second_turn_reuses_the_first(host: Host) -> No
     async with host.client() as client:
         await _second_turn_reuses_first(client, DEFAULT_CHAT_MODEL, max_tokens=24)
         await _fresh(client, DEFAULT_CHAT_MODEL)
+
+
+async def test_cache_prompt_false_evaluates_the_whole_prompt(host: Host) -> None:
+    body = {"model": TINY, "messages": [{"role": "user", "content": "again " * 6}], "max_tokens": 6, **GREEDY}
+    async with host.client() as client:
+        await _fresh(client, TINY)
+        first = await _post(client, "chat/completions", body)
+        cached = await _post(client, "chat/completions", body)
+        assert await _cached(client, cached) == cached["usage"]["prompt_tokens"] - 1
+        whole = await _post(client, "chat/completions", {**body, "cache_prompt": False})  # what replay sends
+        assert await _cached(client, whole) == 0
+        assert whole["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+        refused = await client.post("chat/completions", json={**body, "cache_prompt": "no"})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_argument"

@@ -255,7 +255,9 @@ class Batcher:
             self._admit_vision(slot, seq)
             return
         tokens = job.tokens
-        prefix = _common_prefix(slot.tokens, tokens) if slot.reusable else 0
+        # ggml rounds a prompt evaluated in one batch and its last token evaluated alone differently, so a
+        # request that must repeat an earlier answer exactly asks for the whole prompt (cache_prompt: false)
+        prefix = _common_prefix(slot.tokens, tokens) if slot.reusable and job.cache_prompt else 0
         reuse = min(prefix, len(tokens) - 1)  # at least one token is evaluated, for fresh logits
         if not (reuse > 0 and self._window_intact(slot.id, reuse) and self._seq_rm(slot.id, reuse)):
             reuse = 0

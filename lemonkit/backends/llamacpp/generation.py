@@ -71,6 +71,7 @@ class Job:
     n_probs: int | None = None  # None: no logprobs; else top alternatives per token
     prompt: str = ""
     images: list[bytes] = field(default_factory=list)  # decoded image files (vision)
+    cache_prompt: bool = True  # reuse a slot's cached prefix (llama-server's field); False: evaluate it all
 
 
 @dataclass
@@ -158,6 +159,8 @@ class Sampling:
         if not all(isinstance(x, str) for x in stops):
             raise InvalidArgument("'stop' must be a string or an array of strings")
         stops = [x for x in stops + (extra_stops or []) if x]
+        cache_prompt = g("cache_prompt", True)
+        check_arg("cache_prompt", cache_prompt, isinstance(cache_prompt, bool), "a boolean")
         return Job(
             tokens=tokens,
             sampling=sampling,
@@ -167,6 +170,7 @@ class Sampling:
             grammar=grammar,
             n_probs=n_probs,
             prompt=prompt,
+            cache_prompt=cache_prompt,
         )
 
 
