@@ -19,8 +19,9 @@ from lemonkit.transcripts import Transcript
 from lemonkit.voice_chat_reply import VoiceChatOptions, VoiceChatReply
 
 if TYPE_CHECKING:
+    from typing import Unpack
+
     import openai
-    from typing_extensions import Unpack
 
 __all__ = [
     "align",

@@ -23,7 +23,7 @@ from lemonkit.transcripts import Transcript
 from lemonkit.voice_chat_reply import VoiceChatOptions, VoiceChatReply
 
 if TYPE_CHECKING:
-    from typing_extensions import Unpack
+    from typing import Unpack
 
     from lemonkit.client import Server
 
