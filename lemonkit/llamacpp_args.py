@@ -89,6 +89,12 @@ _SWITCHES: dict[str, tuple[str, Any]] = {
     "--verbose": ("verbose", True),
     "-nfa": ("flash_attn", False),
     "--no-flash-attn": ("flash_attn", False),
+    "--repack": ("repack", True),
+    "-nr": ("repack", False),
+    "--no-repack": ("repack", False),
+    # lemonkit's own (llama-server has no such mode): see lemonkit.backends.llamacpp.kernels
+    "--batch-invariant": ("batch_invariant", True),
+    "--no-batch-invariant": ("batch_invariant", False),
 }
 # Flags the engine accepts and ignores, grouped by what they set in llama-server (a group counts as one flag when
 # llamacpp_args strings are merged: -cb and -nocb are the two values of one setting).

@@ -1,11 +1,15 @@
 """Continuous batching: one decode thread steps every active sequence of a model in one ``llama_decode``.
 
 The context holds ``n_parallel`` sequences (slots) in one unified KV cache, as llama-server's default does, so one
-request may still use the whole context. Each step builds one ``llama_batch`` holding every generating slot's last
-token and then, within the ``n_batch`` budget left, chunks of newcomers' prompts (chunked prefill: a long prompt
-never stalls the running streams for more than one step). After the decode each slot samples from its own logits
-row with its own sampler (:class:`~lemonkit.backends.llamacpp.sampler.SeqSampler`) and hands the token to its
-request's thread, which turns tokens into text (:class:`~lemonkit.backends.llamacpp.generation.Generator`).
+request may still use the whole context. With batch-invariant kernels (:mod:`~lemonkit.backends.llamacpp.kernels`,
+the default) a sequence's logits are the same bits whatever else shares its steps and however its prompt is
+chunked, so a request answers exactly as it would alone.
+
+Each step builds one ``llama_batch`` holding every generating slot's last token and then, within the ``n_batch``
+budget left, chunks of newcomers' prompts (chunked prefill: a long prompt never stalls the running streams for more
+than one step). After the decode each slot samples from its own logits row with its own sampler
+(:class:`~lemonkit.backends.llamacpp.sampler.SeqSampler`) and hands the token to its request's thread, which turns
+tokens into text (:class:`~lemonkit.backends.llamacpp.generation.Generator`).
 
 New requests join at the next step; a finished, stopped or cancelled one frees its slot at once. An idle slot keeps
 its tokens as a prompt cache: a newcomer takes the idle slot sharing its longest prefix (llama-server's slot
@@ -16,6 +20,7 @@ enough, the newest sequence ends with finish_reason "length".
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import queue
 import threading
 import time
@@ -90,28 +95,34 @@ class _Slot:
 
 
 @contextlib.contextmanager
-def parallel_context(n_seq: int) -> Iterator[None]:
+def parallel_context(n_seq: int, *, repack: bool = True) -> Iterator[None]:
     """Make the ``llama_cpp.Llama`` created inside build its context for ``n_seq`` sequences in a unified cache.
 
-    ``Llama()`` has no such argument (0.3.36): it sets only the fields it knows, so the context class it calls is
-    wrapped for the duration. Load one model at a time (a sidecar loads one).
+    ``Llama()`` has no such arguments (0.3.36): it sets only the fields it knows, so the model and context classes
+    it calls are wrapped for the duration. ``repack=False`` is llama-server's ``--no-repack``: weights stay in their
+    file layout instead of the CPU's gemm-friendly one. Load one model at a time (a sidecar loads one).
     """
     from llama_cpp import llama as llama_module
 
     internals = llama_module.internals
-    original = internals.LlamaContext
+    context_class, model_class = internals.LlamaContext, internals.LlamaModel
 
-    class ParallelContext(original):  # type: ignore[misc, valid-type]
+    class ParallelContext(context_class):  # type: ignore[misc, valid-type]
         def __init__(self, *, model: Any, params: Any, verbose: bool = True) -> None:
             params.n_seq_max = n_seq
             params.kv_unified = True  # one sequence may fill the whole context, as in llama-server
             super().__init__(model=model, params=params, verbose=verbose)
 
-    internals.LlamaContext = ParallelContext  # type: ignore[misc]
+    class Model(model_class):  # type: ignore[misc, valid-type]
+        def __init__(self, *, path_model: str, params: Any, verbose: bool = True) -> None:
+            params.use_extra_bufts = repack
+            super().__init__(path_model=path_model, params=params, verbose=verbose)
+
+    internals.LlamaContext, internals.LlamaModel = ParallelContext, Model  # type: ignore[misc]
     try:
         yield
     finally:
-        internals.LlamaContext = original  # type: ignore[misc]
+        internals.LlamaContext, internals.LlamaModel = context_class, model_class  # type: ignore[misc]
 
 
 class Batcher:
@@ -124,6 +135,9 @@ class Batcher:
         is_eog: Whether a token ends generation.
         n_swa: The model's sliding window (0: none), for the prefix-reuse guard.
         vision: Evaluates prompts with images (None: no mmproj).
+        spare_seq: A sequence id beside the slots' (the context holds ``n_parallel + 1``) for a throwaway row that
+            keeps every step at two rows or more when the model's kernels round one row differently from several
+            (:mod:`~lemonkit.backends.llamacpp.kernels`); None: steps run as they come.
     """
 
     def __init__(
@@ -135,6 +149,7 @@ class Batcher:
         is_eog: Callable[[int], bool],
         n_swa: int,
         vision: Vision | None,
+        spare_seq: int | None = None,
     ) -> None:
         import llama_cpp as lc
         import numpy as np
@@ -153,13 +168,21 @@ class Batcher:
         self._waiting: deque[Seq] = deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._batch = lc.llama_batch_init(n_batch, 0, 1)
+        self._spare = spare_seq
+        rows = n_batch + (spare_seq is not None)
+        self._batch = lc.llama_batch_init(rows, 0, 1)
         b = self._batch
-        self._tok = np.ctypeslib.as_array(b.token, shape=(n_batch,))
-        self._pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
-        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(n_batch,))
-        self._logits = np.ctypeslib.as_array(b.logits, shape=(n_batch,))
+        self._tok = np.ctypeslib.as_array(b.token, shape=(rows,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(rows,))
+        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(rows,))
+        self._logits = np.ctypeslib.as_array(b.logits, shape=(rows,))
         self._nseq[:] = 1
+        #: pad steps of one row (or one output) with a throwaway row of the spare sequence (probed by the decode
+        #: thread: every llama_decode of a context runs on one thread, as a second OpenMP team on the same cores
+        #: slowed decoding by 40%)
+        self.pads_single_rows = False
+        #: a removal left free cells below others' cells: compact before the next decode (see _compact)
+        self._compact_due = False
         self._thread = threading.Thread(target=self._loop, name="llama-decode", daemon=True)
         self._thread.start()
 
@@ -188,6 +211,11 @@ class Batcher:
     # ------------------------------------------------------------------ decode thread
 
     def _loop(self) -> None:
+        if self._spare is not None:
+            try:
+                self.pads_single_rows = self._single_rows_differ()
+            except RuntimeError:
+                self.pads_single_rows = True  # padding never changes an answer, only its cost
         while True:
             with self._cond:
                 while not self._closed and not self._waiting and not self._order:
@@ -255,8 +283,9 @@ class Batcher:
             self._admit_vision(slot, seq)
             return
         tokens = job.tokens
-        # ggml rounds a prompt evaluated in one batch and its last token evaluated alone differently, so a
-        # request that must repeat an earlier answer exactly asks for the whole prompt (cache_prompt: false)
+        # Without batch-invariant kernels ggml rounds a prompt evaluated in one batch and its last token evaluated
+        # alone differently: a request that must repeat an earlier answer there asks for the whole prompt
+        # (cache_prompt: false, llama-server's field)
         prefix = _common_prefix(slot.tokens, tokens) if slot.reusable and job.cache_prompt else 0
         reuse = min(prefix, len(tokens) - 1)  # at least one token is evaluated, for fresh logits
         if not (reuse > 0 and self._window_intact(slot.id, reuse) and self._seq_rm(slot.id, reuse)):
@@ -426,12 +455,73 @@ class Batcher:
             seq_ids[i][0] = seq_id
 
     def _decode(self, n: int) -> int:
+        """Decode the first ``n`` rows of the batch, padded to two rows and two outputs when the model needs it."""
+        if self._compact_due:
+            self._compact()
+        padded = self.pads_single_rows and (n < 2 or int(self._logits[:n].sum()) == 1)
+        if padded:
+            assert self._spare is not None
+            self._fill(n, [0], 0, self._spare)
+            self._logits[n] = 1
+            n += 1
         self._batch.n_tokens = n
-        return int(self._lc.llama_decode(self._ctx, self._batch))
+        rc = int(self._lc.llama_decode(self._ctx, self._batch))
+        if padded:
+            assert self._spare is not None
+            self._lc.llama_memory_seq_rm(self._mem, self._spare, -1, -1)  # the top cell: leaves no hole
+        return rc
+
+    def _compact(self) -> None:
+        """Lay every sequence's cells out again contiguously in position order.
+
+        Attention visits a unified cache's cells in index order, and llama.cpp fills freed cells first, so after a
+        removal a sequence's next cells may land below its earlier ones and its attention sums in another order
+        than alone. Saving each sequence, clearing the cache and restoring them one after another (llama.cpp
+        places a restored sequence from the cache's head) keeps every sequence in order; new cells then go above.
+        """
+        lc = self._lc
+        self._compact_due = False
+        saved = []
+        for slot in self._slots:
+            if lc.llama_memory_seq_pos_max(self._mem, slot.id) < 0:
+                continue
+            size = lc.llama_state_seq_get_size(self._ctx, slot.id)
+            buf = (ctypes.c_uint8 * size)()
+            n = lc.llama_state_seq_get_data(self._ctx, buf, size, slot.id)
+            saved.append((slot.id, buf, n))
+        lc.llama_memory_clear(self._mem, False)
+        for seq_id, buf, n in saved:
+            if lc.llama_state_seq_set_data(self._ctx, buf, n, seq_id) != n:
+                raise RuntimeError(f"llama.cpp could not restore sequence {seq_id} while compacting its cache")
+
+    def _single_rows_differ(self) -> bool:
+        """Whether a row decoded alone gets other logits than the same row beside another (float weights do:
+        llamafile's sgemm takes two rows or more, ggml's vec_dot one)."""
+        import numpy as np
+
+        assert self._spare is not None
+        n_vocab = self._llm.n_vocab()
+        rows = []
+        for seqs in ((self._spare,), (self._spare, 0)):
+            for i, seq in enumerate(seqs):
+                self._fill(i, [0], 0, seq)
+                self._logits[i] = 1
+            self._batch.n_tokens = len(seqs)
+            rc = int(self._lc.llama_decode(self._ctx, self._batch))
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed ({rc}) on a one-token probe")
+            logits = self._lc.llama_get_logits_ith(self._ctx, 0)
+            rows.append(np.ctypeslib.as_array(logits, shape=(n_vocab,)).copy())
+            for seq in seqs:
+                self._lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        return not np.array_equal(rows[0], rows[1])
 
     def _seq_rm(self, seq_id: int, start: int) -> bool:
         """Drop positions ``start`` onwards of a sequence (0: all of it)."""
-        return bool(self._lc.llama_memory_seq_rm(self._mem, seq_id, start if start > 0 else -1, -1))
+        lc = self._lc
+        if self._spare is not None and lc.llama_memory_seq_pos_max(self._mem, seq_id) >= start:
+            self._compact_due = True
+        return bool(lc.llama_memory_seq_rm(self._mem, seq_id, start if start > 0 else -1, -1))
 
     def _window_intact(self, seq_id: int, n_past: int) -> bool:
         """Whether the sequence still holds every cell a prompt continued at ``n_past`` attends to.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import time
@@ -24,6 +26,7 @@ from lemonkit.backends.chat import (
 )
 from lemonkit.backends.llamacpp.batch import parallel_context
 from lemonkit.backends.llamacpp.generation import Generator, Job, Sampling, check_arg, top_logprobs
+from lemonkit.backends.llamacpp.kernels import KernelsUnavailable, reference_kernels
 from lemonkit.backends.llamacpp.shapes import (
     ChatPlan,
     Run,
@@ -41,6 +44,8 @@ from lemonkit.llamacpp_args import parse_llamacpp_args
 from lemonkit.options import llamacpp_context_size
 
 __all__ = ["LlamaCppEngine"]
+
+log = logging.getLogger(__name__)
 
 #: Prompt batch: llama-server's physical batch size; larger buys nothing on CPU.
 DEFAULT_N_BATCH = 512
@@ -96,10 +101,11 @@ class LlamaCppEngine:
 
         self._sampling = Sampling.from_args(args)
         n_parallel = args.pop("n_parallel", DEFAULT_N_PARALLEL)
-        if n_parallel < 1 or n_parallel > llama_cpp.llama_max_parallel_sequences():
-            limit = llama_cpp.llama_max_parallel_sequences()
+        limit = llama_cpp.llama_max_parallel_sequences() - 1  # one sequence stays for padding (see kernels)
+        if n_parallel < 1 or n_parallel > limit:
             raise InvalidArgument(f"--parallel must be from 1 to {limit}, got {n_parallel}")
         self._n_parallel = n_parallel if self.kind == "llm" else 1
+        invariant, repack = self._kernel_choice(args)
         template_override: str | None = args.pop("chat_template", None)
 
         kwargs: dict[str, Any] = {
@@ -120,12 +126,13 @@ class LlamaCppEngine:
         self._kwargs = kwargs
         try:
             if self.kind == "llm":
-                with parallel_context(self._n_parallel):
+                with self._kernels(invariant) as switched, parallel_context(self._n_parallel + switched, repack=repack):
                     self._llm: Any = llama_cpp.Llama(model_path=path, **kwargs)
             else:
                 self._llm = llama_cpp.Llama(model_path=path, **kwargs)
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load {os.path.basename(path)}: {exc}") from exc
+        self.batch_invariant = self.kind == "llm" and self._invariant
         if self.n_ctx_train is None:
             self.n_ctx_train = self._llm._model.n_ctx_train()
         self._fingerprint = f"llama-cpp-python-{llama_cpp.__version__}"
@@ -139,7 +146,44 @@ class LlamaCppEngine:
             self._setup_chat_format(template_override, spec.get("chat_format"))
         mmproj = spec.get("mmproj_path")
         self._vision = Vision(self._llm, mmproj) if mmproj and self.kind == "llm" else None
-        self._gen = Generator(self._llm, self._vision, n_parallel=self._n_parallel, n_batch=kwargs["n_batch"])
+        self._gen = Generator(
+            self._llm,
+            self._vision,
+            n_parallel=self._n_parallel,
+            n_batch=kwargs["n_batch"],
+            invariant=self.batch_invariant,
+        )
+
+    def _kernel_choice(self, args: dict[str, Any]) -> tuple[bool, bool]:
+        """``(batch_invariant, repack)`` from ``--[no-]batch-invariant`` and ``--[no-]repack``: chat models default to
+        batch-invariant kernels, which need unpacked weights."""
+        asked = args.pop("batch_invariant", None)
+        repack = args.pop("repack", None)
+        self._invariant_asked = bool(asked)
+        self._invariant = False
+        invariant = (self.kind == "llm") if asked is None else asked
+        if invariant and repack:
+            raise InvalidArgument(
+                "llamacpp_args: --repack rounds differently for different batch shapes; "
+                "add --no-batch-invariant to use it"
+            )
+        return invariant, (not invariant) if repack is None else repack
+
+    @contextlib.contextmanager
+    def _kernels(self, invariant: bool) -> Iterator[int]:
+        """Load inside on batch-invariant kernels when ``invariant``; yields the sequences the context needs beside
+        the slots (the batcher's spare, for padding) and sets ``self._invariant`` once the load went through them."""
+        switched: list[int] | None = None
+        with contextlib.ExitStack() as stack:
+            if invariant:
+                try:
+                    switched = stack.enter_context(reference_kernels())
+                except KernelsUnavailable as exc:
+                    if self._invariant_asked:
+                        raise ModelLoadError(f"--batch-invariant: {exc}") from exc
+                    log.warning("no batch-invariant kernels, answers may depend on the batch: %s", exc)
+            yield int(switched is not None)
+        self._invariant = bool(switched)
 
     def _setup_chat_format(self, override: str | None, chat_format: str | None) -> None:
         from llama_cpp import llama_chat_format
@@ -180,6 +224,7 @@ class LlamaCppEngine:
             "n_threads": self._kwargs["n_threads"],
             "n_batch": self._kwargs["n_batch"],
             "flash_attn": bool(self._kwargs["flash_attn"]),
+            "batch_invariant": self.batch_invariant,
             "device": "cpu",
             "vision": self._vision is not None,
             "chat_template": "jinja" if self._template is not None else self._format_name,

@@ -178,14 +178,23 @@ class Generator:
     """Generation on one loaded ``Llama``: ``n_parallel`` jobs at a time, each token's bytes cached across jobs.
 
     Args:
-        llm: The loaded ``llama_cpp.Llama``, its context built for ``n_parallel`` sequences
-            (:func:`~lemonkit.backends.llamacpp.batch.parallel_context`).
+        llm: The loaded ``llama_cpp.Llama``, its context built for ``n_parallel`` sequences, one more when
+            ``invariant`` (:func:`~lemonkit.backends.llamacpp.batch.parallel_context`).
         vision: Evaluates prompts that carry images (None: the model was loaded without an mmproj).
         n_parallel: Jobs generated together.
         n_batch: Tokens decoded per step.
+        invariant: The model runs on batch-invariant kernels; the batcher keeps the extra sequence for padding.
     """
 
-    def __init__(self, llm: Any, vision: Vision | None = None, *, n_parallel: int = 1, n_batch: int = 512) -> None:
+    def __init__(
+        self,
+        llm: Any,
+        vision: Vision | None = None,
+        *,
+        n_parallel: int = 1,
+        n_batch: int = 512,
+        invariant: bool = False,
+    ) -> None:
         import llama_cpp
 
         self._lc = llama_cpp
@@ -206,6 +215,7 @@ class Generator:
             is_eog=self._is_eog,
             n_swa=int(llama_cpp.llama_model_n_swa(llm._model.model)),
             vision=vision,
+            spare_seq=n_parallel if invariant else None,
         )
 
     @property

@@ -1,0 +1,107 @@
+"""Batch-invariant kernels: a sequence's logits do not depend on what else is in its batch.
+
+ggml picks its CPU kernels by batch shape, and they round differently:
+
+- K-quant matrices go through tiled kernels from 8 rows on, repacked weights through gemm kernels in groups of 4,
+  and flash attention through a tiled kernel from 64 query rows on and a split-KV kernel for one row on a long
+  cache. The CPU backend's reference mode (``ggml_backend_cpu_set_use_ref``) keeps every shape on the per-row
+  kernels, and ``use_extra_bufts = false`` (llama-server's ``--no-repack``) keeps weights unpacked.
+- Float (F32/F16/BF16) matrices go through llamafile's sgemm from 2 rows on and ``vec_dot`` for one row. The batcher
+  pads a lone row with a throwaway one for models where :func:`single_rows_differ`.
+
+Measured on Gemma 3 270M (Q4_K_M, 2 threads): decode 1-2% slower, prompt processing about 27% slower; logits
+bit-identical alone and among other sequences, for any prompt chunking.
+
+llama.cpp creates its backends inside ``llama_init_from_model`` and does not hand them out, so
+:func:`reference_kernels` wraps the CPU device's ``init_backend`` entry for the duration of a load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["KernelsUnavailable", "reference_kernels"]
+
+#: ``init_backend``'s place in ggml's ``struct ggml_backend_device_i`` (get_name, get_description, get_memory,
+#: get_type, get_props, init_backend, ...), the first member of ``struct ggml_backend_device``.
+_INIT_BACKEND = 5
+_CPU_DEVICE = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
+_InitBackend = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)
+_lock = threading.Lock()
+_keep: list[Any] = []  # ctypes callbacks must outlive every backend they created
+
+
+class KernelsUnavailable(RuntimeError):
+    """This llama.cpp build offers no reference mode to switch on."""
+
+
+def _libs() -> tuple[Any, Any, Any]:
+    import llama_cpp
+    from llama_cpp._ctypes_extensions import load_shared_library
+    from llama_cpp._ggml import libggml, libggml_base_path
+
+    try:
+        cpu = load_shared_library("ggml-cpu", libggml_base_path)
+        base = load_shared_library("ggml-base", libggml_base_path)
+        set_use_ref = cpu.ggml_backend_cpu_set_use_ref
+        is_cpu = cpu.ggml_backend_is_cpu
+    except (OSError, AttributeError, FileNotFoundError) as exc:
+        raise KernelsUnavailable(f"llama-cpp-python {llama_cpp.__version__}: {exc}") from exc
+    libggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    libggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    set_use_ref.argtypes = [ctypes.c_void_p, ctypes.c_bool]
+    set_use_ref.restype = None
+    is_cpu.argtypes = [ctypes.c_void_p]
+    is_cpu.restype = ctypes.c_bool
+    base.ggml_backend_free.argtypes = [ctypes.c_void_p]
+    base.ggml_backend_free.restype = None
+    return libggml, cpu, base
+
+
+@contextlib.contextmanager
+def reference_kernels() -> Iterator[list[int]]:
+    """Every CPU backend ggml creates inside runs on its reference kernels.
+
+    Yields:
+        A list that gets one entry per backend switched, so the caller can check that its load went through it.
+
+    Raises:
+        KernelsUnavailable: The CPU backend has no reference mode, or its device table is not laid out as expected.
+    """
+    import llama_cpp
+
+    libggml, cpu, base = _libs()
+    llama_cpp.llama_backend_init()
+    device = libggml.ggml_backend_dev_by_type(_CPU_DEVICE)
+    if not device:
+        raise KernelsUnavailable("ggml has no CPU device")
+    table = (ctypes.c_void_p * (_INIT_BACKEND + 1)).from_address(device)
+    with _lock:
+        address = table[_INIT_BACKEND]
+        if not address:
+            raise KernelsUnavailable("ggml's CPU device has no init_backend entry")
+        original = _InitBackend(address)
+        probe = original(device, None)
+        if not probe or not cpu.ggml_backend_is_cpu(probe):
+            raise KernelsUnavailable("ggml's CPU device table is not laid out as this build expects")
+        base.ggml_backend_free(probe)
+        switched: list[int] = []
+
+        def init_backend(dev: int, params: bytes | None) -> int | None:
+            backend = original(dev, params)
+            if backend:
+                cpu.ggml_backend_cpu_set_use_ref(backend, True)
+                switched.append(backend)
+            return backend
+
+        hook = _InitBackend(init_backend)
+        _keep.extend((hook, original))
+        table[_INIT_BACKEND] = ctypes.cast(hook, ctypes.c_void_p).value
+        try:
+            yield switched
+        finally:
+            table[_INIT_BACKEND] = ctypes.cast(original, ctypes.c_void_p).value
