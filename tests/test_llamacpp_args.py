@@ -24,6 +24,9 @@ def test_parse_llamacpp_args():
     }
     assert parse_llamacpp_args("") == {}
     assert parse_llamacpp_args("-fa auto --seed 5")["seed"] == 5
+    assert parse_llamacpp_args("-nr --no-batch-invariant") == {"repack": False, "batch_invariant": False}
+    assert parse_llamacpp_args("--no-repack --repack --batch-invariant") == {"repack": True, "batch_invariant": True}
+    assert merge_llamacpp_args("--no-batch-invariant -t 2", "--batch-invariant") == "-t 2 --batch-invariant"
     for bad in (
         "--frobnicate",
         "-t",

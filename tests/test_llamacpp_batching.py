@@ -1,5 +1,6 @@
 """The llama.cpp engine's batcher on the tiny GGUF: chunked prefill keeps running streams flowing, a full unified
-cache ends sequences with "length" instead of failing, and ``info()`` reports the slots.
+cache ends sequences with "length" instead of failing, ``info()`` reports the slots, and answers do not depend on
+the batch (batch-invariant kernels, padded single rows, compacted cells) unless ``--no-batch-invariant``.
 
 These drive the engine in-process (each request on its own thread, as the sidecar does): the order of events
 between a running stream and a newcomer is only observable without the HTTP hops' latency in between.
@@ -46,6 +47,8 @@ def test_info_reports_slots(chunked: LlamaCppEngine, tiny_path: Path) -> None:
     assert chunked.info()["slots"] == 2
     with pytest.raises(InvalidArgument, match="parallel"):
         _engine(tiny_path, "--parallel 0")
+    with pytest.raises(InvalidArgument, match="batch-size"):
+        _engine(tiny_path, "--parallel 4 -b 4")
 
 
 def test_a_long_prompt_is_evaluated_in_chunks_between_running_tokens(chunked: LlamaCppEngine) -> None:
@@ -106,5 +109,60 @@ def test_a_full_cache_ends_the_newest_sequence_with_length(tiny_path: Path) -> N
         assert totals[0] < 256 and totals[1] <= 256
         again = engine.complete({"model": "tiny", "prompt": "after", "max_tokens": 4}, cancelled=lambda: False)
         assert again["usage"]["completion_tokens"] == 4
+    finally:
+        engine.close()
+
+
+def _complete(engine: LlamaCppEngine, prompt: str, **extra: Any) -> dict[str, Any]:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 24, "logprobs": 3, **extra}
+    result = engine.complete(body, cancelled=lambda: False)
+    assert isinstance(result, dict)
+    return result
+
+
+def _together(engine: LlamaCppEngine, prompts: list[str], **extra: Any) -> list[dict[str, Any]]:
+    results: list[Any] = [None] * len(prompts)
+
+    def run(i: int) -> None:
+        results[i] = _complete(engine, prompts[i], **extra)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_answers_do_not_depend_on_the_batch_or_on_earlier_requests(tiny_path: Path) -> None:
+    """A seeded random answer with its logprobs, from a fresh engine, equals the same request's answer later: beside
+    three others whose prompts are evaluated in the same steps, after cache evictions and prefix truncations left
+    free cells between sequences (which llama.cpp fills first), and from a cached prefix."""
+    engine = _engine(tiny_path, "--parallel 4 -b 64")
+    try:
+        assert engine.info()["batch_invariant"] is True
+        probe = {"temperature": 0.9, "seed": 3}
+        target = "the quick brown fox " * 30  # a few chunks of 64
+        first = _complete(engine, target, **probe)
+        others = ["jumps over the lazy dog " * k for k in (3, 9, 20)]
+        for _ in range(2):
+            results = _together(engine, [*others, target], **probe)
+            assert results[-1]["choices"] == first["choices"]
+            # truncate two cached prompts (free cells in the middle of the cache) before the next round
+            _together(engine, [others[0][:40] + "cat", others[2][:200] + "bird"], **probe)
+        cached = _complete(engine, target, **probe)
+        assert cached["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        assert cached["choices"] == first["choices"]
+    finally:
+        engine.close()
+
+
+def test_kernel_choices(tiny_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="--no-batch-invariant"):
+        _engine(tiny_path, "--repack")
+    engine = _engine(tiny_path, "--no-batch-invariant --repack")
+    try:
+        assert engine.info()["batch_invariant"] is False
+        assert _complete(engine, "hello")["usage"]["completion_tokens"] == 24
     finally:
         engine.close()

@@ -159,7 +159,6 @@ class Batcher:
         self._ctx = llm._ctx.ctx
         self._mem = lc.llama_get_memory(self._ctx)
         self.n_ctx: int = llm.n_ctx()
-        self._n_batch = n_batch
         self._is_eog = is_eog
         self._n_swa = n_swa
         self._vision = vision
@@ -169,7 +168,8 @@ class Batcher:
         self._cond = threading.Condition()
         self._closed = False
         self._spare = spare_seq
-        rows = n_batch + (spare_seq is not None)
+        rows = n_batch
+        self._n_batch = n_batch - (spare_seq is not None)  # a row stays free for the padding row
         self._batch = lc.llama_batch_init(rows, 0, 1)
         b = self._batch
         self._tok = np.ctypeslib.as_array(b.token, shape=(rows,))

@@ -123,6 +123,11 @@ class LlamaCppEngine:
             if self.kind == "reranking":
                 kwargs["pooling_type"] = llama_cpp.LLAMA_POOLING_TYPE_RANK
         kwargs.update(args)
+        if self.kind == "llm" and kwargs["n_batch"] <= self._n_parallel:
+            raise InvalidArgument(
+                f"--batch-size ({kwargs['n_batch']}) must be more than --parallel ({self._n_parallel}): "
+                "every step holds a token of each slot"
+            )
         self._kwargs = kwargs
         try:
             if self.kind == "llm":
