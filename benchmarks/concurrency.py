@@ -1,7 +1,7 @@
 """Concurrency: lemonkit against llama.cpp's own ``llama-server``, side by side in one run.
 
     python benchmarks/concurrency.py [--streams 1,2,4,8] [--tokens 96] [--rounds 3] [--threads 2] [--ctx 4096]
-                                     [--duration 5] [--sections streams,single,probe,embed] [--build-only]
+                                     [--duration 5] [--sections streams,single,kernels,probe,embed] [--build-only]
 
 Everything on the bundled Gemma 3 270M (``Gemma-3-270m-GGUF``), ``--threads`` engine threads, the same GGUF and
 context size for every contender, greedy sampling, the same prompt:
@@ -12,6 +12,9 @@ streams: the aggregate tok/s of N concurrent streamed completions (every token o
     the same N streams through ``llama-server --parallel N``. Medians over rounds, the contenders interleaved.
 single: one stream's decode rate (first token to last, at the client) through lemonkit against
     ``llama_cpp.Llama.create_completion(stream=True)`` in this process, built as the sidecar builds it.
+kernels: what batch-invariant decoding costs, lemonkit's llama.cpp engine in this process with its default
+    (batch-invariant) kernels against ``--no-batch-invariant`` (ggml's fastest kernels, repacked weights): prompt
+    tok/s of a 500-token prompt (``timings.prompt_per_second``) and one stream's decode tok/s.
 probe: ``/live`` of lemonkit and ``/health`` of llama-server under ``wrk -t2 -c16`` (requests/s and p99 latency),
     idle and while 2 generations stream through that server, with the server process's CPU share meanwhile. Without
     wrk on PATH a small Python load generator stands in, and the table says so: its own CPU cost caps what it sees.
@@ -60,7 +63,7 @@ from tests.llama_cpp_server import free_port
 PROMPT = "The history of the printing press begins"
 GEMMA = "Gemma-3-270m-GGUF"
 PROBE_CONNECTIONS = 16
-SECTIONS = ("streams", "single", "probe", "embed")
+SECTIONS = ("streams", "single", "kernels", "probe", "embed")
 
 
 def _cache_root() -> Path:
@@ -299,6 +302,7 @@ def bench_single(lk: Lemonkit, gguf: Path, args: Any) -> None:
         }
     )
     llm = engine._llm  # the Llama exactly as the sidecar builds it
+    engine._gen.close()  # its decode thread ends: one thread decodes here, as in the sidecar (OpenMP teams)
 
     def in_process() -> Stream:
         start = time.perf_counter()
@@ -313,13 +317,48 @@ def bench_single(lk: Lemonkit, gguf: Path, args: Any) -> None:
     for round_ in range(max(args.rounds, 3)):
         for name in list(runs)[round_ % 2 :] + list(runs)[: round_ % 2]:
             rates[name].append(runs[name]().decode_rate)
-    engine.close()
+    engine._closed = True  # its generator is closed already
+    llm.close()
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"\nsingle: one stream's decode tok/s (first token to last), median of {max(args.rounds, 3)}")
     print(
         f"  lemonkit {med['lemonkit']:.1f}   in-process llama-cpp-python {med['in-process']:.1f}   "
         f"ratio {med['lemonkit'] / med['in-process']:.3f}"
     )
+
+
+def bench_kernels(gguf: Path, args: Any) -> None:
+    """Each engine decodes on its own thread. Run this before anything decodes on the main thread: once the main
+    thread has an OpenMP team, other threads' teams decoded about 30% slower here (libgomp)."""
+    from lemonkit.backends.llamacpp import LlamaCppEngine
+
+    modes = {"batch-invariant": "", "--no-batch-invariant": "--no-batch-invariant"}
+    long_prompt = " ".join([PROMPT] * 80)
+
+    def measure(flags: str) -> tuple[float, float]:
+        options = {"ctx_size": args.ctx, "llamacpp_args": f"-t {args.threads} {flags}"}
+        engine = LlamaCppEngine({"type": "llm", "model_path": str(gguf), "options": options})
+        try:
+            prompt = {"model": "m", "prompt": long_prompt, "max_tokens": 1, "cache_prompt": False}
+            decode = {"model": "m", "prompt": PROMPT, "max_tokens": args.tokens, "temperature": 0}
+            engine.complete(prompt, cancelled=lambda: False)  # warm up
+            pp = [engine.complete(prompt, cancelled=lambda: False)["timings"]["prompt_per_second"] for _ in range(3)]
+            tg = [engine.complete(decode, cancelled=lambda: False)["timings"]["predicted_per_second"] for _ in range(3)]
+            return statistics.median(pp), statistics.median(tg)
+        finally:
+            engine.close()
+
+    rates: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    for round_ in range(max(args.rounds, 2)):
+        for mode in list(modes)[round_ % 2 :] + list(modes)[: round_ % 2]:
+            rates[mode].append(measure(modes[mode]))
+    med = {m: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for m, v in rates.items()}
+    inv, fast = med["batch-invariant"], med["--no-batch-invariant"]
+    print(f"\nkernels: lemonkit's engine in this process, medians over {max(args.rounds, 2)} loads of each")
+    print(f"  {'':22} {'prompt tok/s':>12} {'decode tok/s':>12}")
+    for mode, (pp, tg) in med.items():
+        print(f"  {mode:22} {pp:12.1f} {tg:12.1f}")
+    print(f"  {'ratio':22} {inv[0] / fast[0]:12.3f} {inv[1] / fast[1]:12.3f}")
 
 
 # --------------------------------------------------------------------------------------------- probe load
@@ -529,6 +568,8 @@ def _against_servers(home: Path, binary: Path | None, sections: list[str], args:
 
         if "streams" in sections:
             bench_streams(lk, server, [int(n) for n in args.streams.split(",")], args)
+        if "kernels" in sections:  # before single: its in-process run decodes on this thread (see bench_kernels)
+            bench_kernels(gguf, args)
         if "single" in sections:
             bench_single(lk, gguf, args)
         if "probe" in sections:
@@ -567,7 +608,7 @@ def main() -> None:
     binary = llama_server_binary() if wanted else None
     home = _cache_root()
     home.mkdir(parents=True, exist_ok=True)
-    if {"streams", "single", "probe"} & set(sections):
+    if {"streams", "single", "kernels", "probe"} & set(sections):
         _against_servers(home, binary, sections, args)
     if "embed" in sections:
         bench_embed(home, args)

@@ -116,7 +116,8 @@ def replay(result: ChatResult, *, client: Client | None = None) -> ReplayResult:
         raise ValueError("Only chat and completion results can be replayed (this one's provenance has no such request)")
     body = {k: v for k, v in request.items() if k != "stream_options"}
     body["stream"] = False
-    body.setdefault("cache_prompt", False)  # the whole prompt evaluated as the first time, not its cached prefix
+    # the whole prompt evaluated as the first time: without batch-invariant kernels a cached prefix rounds otherwise
+    body.setdefault("cache_prompt", False)
     again = (client or default_client()).run(route, body)
     before, after = result.provenance, again.provenance
     changed = {k: (before.get(k), after.get(k)) for k in _MODEL_FACTS if before.get(k) != after.get(k)}
