@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -31,6 +31,7 @@ from lemonkit.errors import (
     LemonkitError,
     NotFound,
     RetryLater,
+    error_from_body,
 )
 from lemonkit.server.bodies import parse_json
 from lemonkit.server.caller import OWNER, Caller, current
@@ -271,16 +272,23 @@ class LemonkitHandler(_Base):
         finally:
             await response.aclose()
 
-    async def sidecar_lines(self, model: LoadedModel, response: httpx.Response) -> AsyncIterator[str]:
-        """The lines of an answer :meth:`sidecar_request` opened, as they arrive (for a caller that reads the
-        events itself rather than passing them on).
+    async def sidecar_events(
+        self, model: LoadedModel, response: httpx.Response
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The JSON events of an SSE answer :meth:`sidecar_request` opened, as they arrive (for a caller that reads
+        them rather than passing them on). Close it (``contextlib.aclosing``) to end the sidecar's work early.
 
         Raises:
+            LemonkitError: The error event the sidecar sent, as the error it stands for (:func:`stream_error`).
             BackendError: The sidecar died before the answer ended (it is discarded).
         """
         async with self._reading(model, response, "stopped mid-answer"):
             async for line in response.aiter_lines():
-                yield line
+                if line.startswith("data: {"):
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        raise stream_error(event)
+                    yield event
 
     async def sidecar_frames(self, model: LoadedModel, response: httpx.Response) -> AsyncIterator[bytes]:
         """The sidecar's SSE bytes as they arrive; a failure becomes one error event and the stream ends."""
@@ -305,6 +313,13 @@ def _with_files(body: dict[str, Any], files: list[Upload]) -> bytes:
         for f in files
     ]
     return json.dumps({**body, "files": encoded}).encode()
+
+
+def stream_error(event: dict[str, Any]) -> LemonkitError:
+    """The exception an error event of a sidecar's stream (``{"error": {..., "status_code"}}``) stands for."""
+    error = event.get("error")
+    status = error.get("status_code") if isinstance(error, dict) else None
+    return error_from_body(status if isinstance(status, int) else None, event)
 
 
 def error_event(err: LemonkitError) -> bytes:

@@ -30,7 +30,7 @@ from typing import Any
 
 from lemonkit.backends.base import Upload
 from lemonkit.backends.images.pictures import image_kind
-from lemonkit.errors import BackendError, LemonkitError, ModelNotApplicable, ModelNotFound
+from lemonkit.errors import LemonkitError, ModelNotApplicable, ModelNotFound
 from lemonkit.model_info import ModelInfo
 from lemonkit.omni.media import audio_tag, chunks, image_markdown, strip_media
 from lemonkit.omni.tools import EDIT_IMAGE, GENERATE_IMAGE, TEXT_TO_SPEECH, Roles, system_prompt, tool_definitions
@@ -246,13 +246,7 @@ class OmniChat:
                 if self.body.get("stream"):
                     await self.handler.sse_open()
             response = await self.handler.sidecar_request(model, "/v1/chat/completions", request)
-            async for line in self.handler.sidecar_lines(model, response):
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": chunk["error"]}
-                    raise BackendError(str(error.get("message")), status=int(error.get("status_code") or 502))
+            async for chunk in self.handler.sidecar_events(model, response):
                 for key, value in (chunk.get("usage") or {}).items():
                     if key in ("prompt_tokens", "completion_tokens"):
                         self.usage[key] = self.usage.get(key, 0) + int(value)

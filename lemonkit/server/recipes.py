@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-import httpx
-
 from lemonkit import recipes
 from lemonkit.backends.base import Upload
-from lemonkit.errors import BackendError, LemonkitError, ModelNotApplicable, error_from_body
+from lemonkit.errors import LemonkitError, ModelNotApplicable
 from lemonkit.server.audio import read_allowed_file
 from lemonkit.server.base import LemonkitHandler
 from lemonkit.server.tasks import task_error_event, task_event
@@ -58,20 +55,11 @@ class SidecarStages:
         async with self.manager.use(model, metered=False) as loaded:
             body = {"model": model, "messages": messages, **options, "stream": True}
             response = await self.handler.sidecar_request(loaded, "/v1/chat/completions", body)
-            try:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        raise error_from_body(None, chunk)
+            # closed at once when the run ends early: that stops the generation
+            async with contextlib.aclosing(self.handler.sidecar_events(loaded, response)) as chunks:
+                async for chunk in chunks:
                     for choice in chunk.get("choices") or ():
                         yield (choice.get("delta") or {}).get("content") or ""
-            except httpx.TransportError:
-                self.manager.discard(loaded)
-                raise BackendError(f"The engine of {model} stopped mid-reply; retry to reload it", status=502) from None
-            finally:
-                await response.aclose()  # a run that ends early stops the generation here
 
     @contextlib.asynccontextmanager
     async def speaker(self, model: str, options: dict[str, Any]) -> AsyncIterator[Speaker]:

@@ -28,7 +28,7 @@ from lemonkit.errors import BackendError, InvalidArgument, LemonkitError, ModelN
 from lemonkit.manager import LoadedModel
 from lemonkit.registry import ModelInfo
 from lemonkit.schemas import BOOL, OBJ, STR, Arr, Obj, Str
-from lemonkit.server.base import LemonkitHandler
+from lemonkit.server.base import LemonkitHandler, stream_error
 from lemonkit.server.openai import ModelRouteHandler
 from lemonkit.server.task_requests import TaskInput, read_task
 
@@ -64,14 +64,6 @@ def task_event(body: dict[str, Any]) -> bytes:
 def task_error_event(message: str) -> bytes:
     """The SSE frame that ends a task stream that failed after it started."""
     return task_event({"type": "error", "error": {"message": message}})
-
-
-def _frame_error(event: dict[str, Any]) -> LemonkitError:
-    """The error a sidecar reported in its stream, as the exception it stands for."""
-    detail = event.get("error") or {}
-    err = LemonkitError(str(detail.get("message")), status=int(detail.get("status_code") or 500))
-    err.code = detail.get("code") or err.code
-    return err
 
 
 class TaskRunHandler(ModelRouteHandler):
@@ -116,7 +108,7 @@ class TaskRunHandler(ModelRouteHandler):
             async for line in upstream.aiter_lines():
                 if line.startswith("data: {"):
                     if line.startswith('data: {"error"'):
-                        yield task_error_event(_frame_error(json.loads(line[6:])).message)
+                        yield task_error_event(stream_error(json.loads(line[6:])).message)
                         return
                     yield (line + "\n\n").encode()
                 elif line == "data: [DONE]" or line.startswith(":"):
@@ -155,22 +147,11 @@ class TaskStreamHandler(TaskRunHandler):
         response = await self.sidecar_request(model, self.sidecar_path, self.task.fields, files=self.task.files)
         events: list[dict[str, Any]] = []
         result: dict[str, Any] | None = None
-        try:
-            async for line in response.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                item = json.loads(line[6:])
-                if "error" in item:
-                    raise _frame_error(item)
-                if item.get("type") == "task.stream.event":
-                    events.append(item["event"])
-                elif item.get("type") == "task.stream.done":
-                    result = item["result"]
-        except httpx.TransportError:
-            self.service.manager.discard(model)
-            raise BackendError(f"The engine of {model.name} died during the request; retry to reload it") from None
-        finally:
-            await response.aclose()
+        async for item in self.sidecar_events(model, response):
+            if item.get("type") == "task.stream.event":
+                events.append(item["event"])
+            elif item.get("type") == "task.stream.done":
+                result = item["result"]
         if result is None:
             raise BackendError(f"The engine of {model.name} ended the stream without a result")
         self.write_json({"events": events, "result": result})
