@@ -44,8 +44,6 @@ from lemonkit.hf_cache import (
     stat_key,
 )
 from lemonkit.model_info import COLLECTION_OMNI, ModelInfo, ResolvedFiles, parse_row
-from lemonkit.omni.tools import Roles
-from lemonkit.omni.tools import system_prompt as omni_prompt
 
 __all__ = ["COLLECTION_OMNI", "ModelInfo", "Registry", "ResolvedFiles"]
 
@@ -475,8 +473,8 @@ class Registry:
         if info.recipe == COLLECTION_OMNI:
             parts = self.collection_parts(info)
             obj["models"] = [self.model_object(part) for part in parts]
-            # the prompt the omni loop puts first: the collection's own, else the built-in one for its tools
-            obj["system_prompt"] = info.system_prompt or omni_prompt(Roles.of(parts).tools)
+            # the collection's override ("": the omni loop uses the built-in prompt for its tools), as the spec has it
+            obj["system_prompt"] = info.system_prompt or ""
         return obj
 
     # -- saved options ---------------------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from PIL import Image
 
 from lemonkit.client import Client
 from lemonkit.omni.media import MAX_DELTA_CHARS, find_media
-from lemonkit.omni.tools import system_prompt
 from lemonkit.registry import Registry
 from lemonkit.results import ChatResult
 from lemonkit.testing.tiny_diffusers import TINY_SIZE, write_tiny_pipeline
@@ -331,7 +330,7 @@ async def test_model_object_lists_components_models_and_system_prompt(host: Host
         assert_error(await client.post("pull", json=not_omni), 400, "invalid_argument")
         assert (await client.post("delete", json={"model_name": name})).json()["status"] == "success"
     assert kit["components"] == [TINY, OMNI_SD, PIPER] and [m["id"] for m in kit["models"]] == kit["components"]
-    assert kit["system_prompt"] == system_prompt(["generate_image", "edit_image", "text_to_speech"])
+    assert kit["system_prompt"] == ""  # no override: the built-in prompt applies
     assert prompted["system_prompt"] == "Be brief." and prompted["components"] == [TINY, PIPER]
     assert listed[KIT]["components"] == kit["components"] and "system_prompt" in listed[KIT]
     assert listed[TINY]["components"] == [] and "system_prompt" not in listed[TINY]
