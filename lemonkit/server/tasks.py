@@ -82,7 +82,14 @@ class TaskRunHandler(ModelRouteHandler):
         info = await self.service.usable(body["model"])
         self.check_applicable(info)
         await self.read(body)
-        await self.unless_gone(self._serve(info, body))
+        if self.streams(body):
+            await self.unless_gone(self._serve(info, body))  # an SSE client that leaves stops its run
+        else:
+            await self._serve(info, body)  # the spec: a JSON client that disconnects leaves its run to finish
+
+    def streams(self, body: dict[str, Any]) -> bool:
+        """Whether the answer is an event stream (else one JSON body)."""
+        return False
 
     def check_applicable(self, info: ModelInfo) -> None:
         if info.type not in self.serves:
@@ -126,6 +133,9 @@ class TaskStreamHandler(TaskRunHandler):
     body_schema = _STREAM
     inline_audio = False
 
+    def streams(self, body: dict[str, Any]) -> bool:
+        return body.get("stream_format") == "sse"
+
     async def _serve(self, info: ModelInfo, body: dict[str, Any]) -> None:
         self.task.fields.update(stream=True, include_artifacts=body.get("include_artifacts") is True)
         if body.get("stream_format") != "sse":
@@ -165,6 +175,9 @@ class TaskBatchHandler(TaskRunHandler):
     body_schema = _BATCH
     inline_audio = False
     tasks: list[TaskInput]
+
+    def streams(self, body: dict[str, Any]) -> bool:
+        return True
 
     def check_applicable(self, info: ModelInfo) -> None:
         super().check_applicable(info)

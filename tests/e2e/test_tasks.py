@@ -18,6 +18,7 @@ import pytest
 import soundfile
 from conftest import Host
 from speech import SENTENCES, normalised_words, speech_wav, word_errors
+from waiting import until
 
 from lemonkit.client import AsyncClient, Client
 from lemonkit.errors import Forbidden, InvalidArgument
@@ -244,6 +245,33 @@ async def test_a_client_that_leaves_the_stream_stops_the_run(tasks: Host) -> Non
         assert (await client.get("audio/voices", params={"model": PIPER})).status_code == 200
         spoken = (await client.get("stats")).json()["audio"]["audio_duration_ms"]
     assert spoken < 60 * 1500 / 2  # far less than the 60 sentences (about 1.5 s each)
+
+
+@pytest.mark.slow
+async def test_a_json_client_that_leaves_lets_the_run_finish(tasks: Host) -> None:
+    """The spec: "a JSON client that disconnects leaves its run to finish" (an SSE client's stops, above)."""
+    long_text = " ".join(f"This is sentence number {n} of a long story." for n in range(60))
+    body = {"model": PIPER, "request": {"text": long_text}}
+
+    async def busy(client: httpx.AsyncClient) -> bool:
+        health = (await client.get("health")).json()
+        return any(m["model_name"] == PIPER and m["slots"]["busy"] for m in health["all_models_loaded"])
+
+    async with tasks.client() as client:
+        await client.post("load", json={"model_name": PIPER})
+        leaving = asyncio.ensure_future(client.post("tasks/stream", json=body))
+        await until(lambda: busy(client), "the run to start")
+        leaving.cancel()  # the client hangs up mid-run
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        assert await busy(client)  # the run goes on without its client
+        await until(lambda: _not(busy(client)), "the run to finish")
+        spoken = (await client.get("stats")).json()["audio"]["audio_duration_ms"]
+    assert spoken > 60 * 1000  # all 60 sentences (about 1.5 s each), not a run cut short
+
+
+async def _not(check: Any) -> bool:
+    return not await check
 
 
 @pytest.mark.slow
