@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -905,6 +906,31 @@ def test_vision_image_parts_reach_the_model(vision: LlamaCppEngine):
     # image positions hold no token ids: the next text request must not reuse them from the cache
     after = chat(vision, messages=[{"role": "user", "content": "what is this?"}], temperature=0, max_tokens=8)
     assert after["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and text_of(after) == text_of(text_only)
+
+
+def test_vision_in_a_batch_answers_as_alone(tiny_path: Path, tmp_path: Path):
+    """An image request beside text streams (4 slots): the same seeded answer and logprobs as alone."""
+    mmproj = write_tiny_mmproj(tmp_path / "mmproj-tiny.gguf")
+    spec = {"model_path": str(tiny_path), "type": "llm", "mmproj_path": str(mmproj)}
+    engine = LlamaCppEngine({**spec, "options": {"llamacpp_args": "--parallel 4"}})
+    try:
+        sampled = {"temperature": 0.9, "seed": 5, "max_tokens": 16, "logprobs": True, "top_logprobs": 2}
+        bodies = [{"messages": image_message(png_data_url((220, 20, 20))), **sampled}]
+        bodies += [{"messages": [{"role": "user", "content": f"tell me about {w} " * 9}], **sampled} for w in "abc"]
+        alone = [chat(engine, **b)["choices"] for b in bodies]
+        together: list[Any] = [None] * len(bodies)
+
+        def run(i: int) -> None:
+            together[i] = chat(engine, **bodies[i])["choices"]
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert together == alone
+    finally:
+        engine.close()
 
 
 def test_vision_rejects_bad_images(vision: LlamaCppEngine):

@@ -168,18 +168,17 @@ class Batcher:
         self._cond = threading.Condition()
         self._closed = False
         self._spare = spare_seq
-        rows = n_batch
         self._n_batch = n_batch - (spare_seq is not None)  # a row stays free for the padding row
-        self._batch = lc.llama_batch_init(rows, 0, 1)
+        self._batch = lc.llama_batch_init(n_batch, 0, 1)
         b = self._batch
-        self._tok = np.ctypeslib.as_array(b.token, shape=(rows,))
-        self._pos = np.ctypeslib.as_array(b.pos, shape=(rows,))
-        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(rows,))
-        self._logits = np.ctypeslib.as_array(b.logits, shape=(rows,))
+        self._tok = np.ctypeslib.as_array(b.token, shape=(n_batch,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
+        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(n_batch,))
+        self._logits = np.ctypeslib.as_array(b.logits, shape=(n_batch,))
         self._nseq[:] = 1
         #: pad steps of one row (or one output) with a throwaway row of the spare sequence (probed by the decode
-        #: thread: every llama_decode of a context runs on one thread, as a second OpenMP team on the same cores
-        #: slowed decoding by 40%)
+        #: thread: every llama_decode of a context runs on one thread, as a second OpenMP team in the process
+        #: slowed decoding by a third)
         self.pads_single_rows = False
         #: a removal left free cells below others' cells: compact before the next decode (see _compact)
         self._compact_due = False
@@ -306,6 +305,8 @@ class Batcher:
         self._seq_rm(slot.id, 0)
         slot.tokens, slot.reusable, slot.pending = [], False, []
         try:
+            if self._compact_due:  # mtmd decodes the images itself, not through _decode
+                self._compact()
             decode = self._decode_text(slot)
             n_past = self._vision.prefill(seq.job.prompt, seq.job.images, seq=slot.id, decode_text=decode)
         except BaseException as exc:
@@ -472,12 +473,13 @@ class Batcher:
         return rc
 
     def _compact(self) -> None:
-        """Lay every sequence's cells out again contiguously in position order.
+        """Lay every sequence's cells out again contiguously, before anything is placed in the cells a removal freed.
 
         Attention visits a unified cache's cells in index order, and llama.cpp fills freed cells first, so after a
-        removal a sequence's next cells may land below its earlier ones and its attention sums in another order
-        than alone. Saving each sequence, clearing the cache and restoring them one after another (llama.cpp
-        places a restored sequence from the cache's head) keeps every sequence in order; new cells then go above.
+        removal a sequence's next cells could land below its earlier ones and its attention would sum in another
+        order than alone. Saving each sequence, clearing the cache and restoring them one after another (llama.cpp
+        restores a sequence's cells in their order, from the cache's head) leaves no free cell below any sequence;
+        new cells then go above, and every sequence stays in position order.
         """
         lc = self._lc
         self._compact_due = False

@@ -7,10 +7,12 @@ ggml picks its CPU kernels by batch shape, and they round differently:
   cache. The CPU backend's reference mode (``ggml_backend_cpu_set_use_ref``) keeps every shape on the per-row
   kernels, and ``use_extra_bufts = false`` (llama-server's ``--no-repack``) keeps weights unpacked.
 - Float (F32/F16/BF16) matrices go through llamafile's sgemm from 2 rows on and ``vec_dot`` for one row. The batcher
-  pads a lone row with a throwaway one for models where :func:`single_rows_differ`.
+  pads a lone row with a throwaway one for models where that changes the logits (it probes at load).
+- Attention visits a unified KV cache's cells in index order: the batcher keeps each sequence's cells in position
+  order (``Batcher._compact``).
 
-Measured on Gemma 3 270M (Q4_K_M, 2 threads): decode 1-2% slower, prompt processing about 27% slower; logits
-bit-identical alone and among other sequences, for any prompt chunking.
+Measured on Gemma 3 270M (Q4_K_M, 2 threads, ``benchmarks/concurrency.py --sections kernels``): decoding as fast,
+prompt processing about a quarter slower; logits bit-identical alone and among other sequences, for any chunking.
 
 llama.cpp creates its backends inside ``llama_init_from_model`` and does not hand them out, so
 :func:`reference_kernels` wraps the CPU device's ``init_backend`` entry for the duration of a load.
