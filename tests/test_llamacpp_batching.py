@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from lemonkit.backends.llamacpp import LlamaCppEngine
-from lemonkit.errors import InvalidArgument
+from lemonkit.errors import InvalidArgument, ModelLoadError
 from lemonkit.testing.tiny_gguf import write_tiny_llama
 
 
@@ -166,3 +166,22 @@ def test_kernel_choices(tiny_path: Path) -> None:
         assert _complete(engine, "hello")["usage"]["completion_tokens"] == 24
     finally:
         engine.close()
+
+
+def test_without_reference_kernels_a_load_falls_back_or_fails_as_asked(
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A llama-cpp-python whose ggml device table was not verified: the default loads on ordinary kernels (with a
+    warning and ``batch_invariant: false``); an explicit ``--batch-invariant`` is a load error."""
+    import llama_cpp
+
+    monkeypatch.setattr(llama_cpp, "__version__", "9.9.9")
+    engine = _engine(tiny_path, "")
+    try:
+        assert engine.info()["batch_invariant"] is False
+        assert "no batch-invariant kernels" in caplog.text and "unverified" in caplog.text
+        assert _complete(engine, "hello")["usage"]["completion_tokens"] == 24
+    finally:
+        engine.close()
+    with pytest.raises(ModelLoadError, match=r"--batch-invariant: .*unverified"):
+        _engine(tiny_path, "--batch-invariant")

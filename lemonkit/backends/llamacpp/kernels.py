@@ -31,6 +31,9 @@ __all__ = ["KernelsUnavailable", "reference_kernels"]
 #: ``init_backend``'s place in ggml's ``struct ggml_backend_device_i`` (get_name, get_description, get_memory,
 #: get_type, get_props, init_backend, ...), the first member of ``struct ggml_backend_device``.
 _INIT_BACKEND = 5
+#: llama-cpp-python releases whose ggml was read for that layout: another one could place the entry elsewhere, and
+#: calling the wrong entry would crash the process rather than raise
+_VERIFIED = ("0.3.36",)
 _CPU_DEVICE = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
 _InitBackend = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)
 _lock = threading.Lock()
@@ -46,6 +49,8 @@ def _libs() -> tuple[Any, Any, Any]:
     from llama_cpp._ctypes_extensions import load_shared_library
     from llama_cpp._ggml import libggml, libggml_base_path
 
+    if llama_cpp.__version__ not in _VERIFIED:
+        raise KernelsUnavailable(f"llama-cpp-python {llama_cpp.__version__}: its ggml device table is unverified")
     try:
         cpu = load_shared_library("ggml-cpu", libggml_base_path)
         base = load_shared_library("ggml-base", libggml_base_path)
