@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -31,7 +32,7 @@ from typing import Any
 import httpx
 
 PROMPT = "The history of the printing press begins"
-BENCH_HOME = Path(tempfile.mkdtemp(prefix="lemonkit-bench-"))
+BENCH_HOME = Path(tempfile.gettempdir(), f"lemonkit-bench-{os.getpid()}")  # made by main(), removed after
 HF_CACHE = BENCH_HOME / "hub"
 CACHE = BENCH_HOME / "cache"
 TOKEN = "bench-token"
@@ -232,4 +233,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        shutil.rmtree(BENCH_HOME, ignore_errors=True)

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-HOME = Path(tempfile.mkdtemp(prefix="lemonkit-pull-bench-"))
+HOME = Path(tempfile.gettempdir(), f"lemonkit-pull-bench-{os.getpid()}")  # made by main(), removed after
 REPO = "bench/big-GGUF"
 FILE = "big-Q4_K_M.gguf"
 

@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -42,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the real-server helpers of the tests: tests/hub_process.py, tests/llama_cpp_server.py
 sys.path.insert(0, str(ROOT / "tests"))  # what those helpers import (tests/processes.py)
 
-HOME = Path(tempfile.mkdtemp(prefix="lemonkit-shared-bench-"))
+HOME = Path(tempfile.gettempdir(), f"lemonkit-shared-bench-{os.getpid()}")  # made by main(), removed after
 HF_CACHE = HOME / "hf"
 PROMPT = "The history of the printing press begins"
 TINY = "user.tiny-llama"
@@ -294,4 +295,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        shutil.rmtree(HOME, ignore_errors=True)

