@@ -11,7 +11,9 @@ streams: the aggregate tok/s of N concurrent streamed completions (every token o
     an engine without continuous batching ignores ``--parallel`` and serves the streams one after another) against
     the same N streams through ``llama-server --parallel N``. Medians over rounds, the contenders interleaved.
 single: one stream's decode rate (first token to last, at the client) through lemonkit against
-    ``llama_cpp.Llama.create_completion(stream=True)`` in this process, built as the sidecar builds it.
+    ``llama_cpp.Llama.create_completion(stream=True)`` in this process, built as the sidecar builds it. Two clients:
+    httpx, parsing each event as it arrives, and a bare socket that only timestamps what it receives and parses
+    after the stream (the client runs on the same cores as the engine: its cost is part of what it measures).
 kernels: what batch-invariant decoding costs, lemonkit's llama.cpp engine in this process with its default
     (batch-invariant) kernels against ``--no-batch-invariant`` (ggml's fastest kernels, repacked weights): prompt
     tok/s of a 500-token prompt (``timings.prompt_per_second``) and one stream's decode tok/s.
@@ -32,6 +34,7 @@ compare ratios measured in one run, not absolute figures across runs.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import http.client
 import importlib.metadata
@@ -41,6 +44,7 @@ import platform
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -230,8 +234,12 @@ def _text(chunk: dict[str, Any]) -> str:
     return str(choices[0].get("text") or "")
 
 
+def _request(contender: Contender, tokens: int) -> dict[str, Any]:
+    return {"model": contender.model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True}
+
+
 def _stream(contender: Contender, tokens: int) -> Stream:
-    body = {"model": contender.model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True}
+    body = _request(contender, tokens)
     stamps: list[float] = []
     start = time.perf_counter()
     with httpx.stream("POST", f"{contender.api}/completions", json=body, timeout=None) as response:
@@ -239,6 +247,39 @@ def _stream(contender: Contender, tokens: int) -> Stream:
         for line in response.iter_lines():
             if line.startswith("data: {") and _text(json.loads(line[6:])):
                 stamps.append(time.perf_counter())
+    return Stream(start, stamps)
+
+
+def _stream_bare(contender: Contender, tokens: int) -> Stream:
+    """:func:`_stream` over a bare socket: each ``recv`` is timestamped and the events are parsed once the answer
+    has ended, so the client's own work per token is one ``recv`` (httpx's parsing costs about 0.2 ms of CPU per
+    token, which on a machine whose cores the engine keeps busy comes out of the decode)."""
+    url = httpx.URL(contender.api)
+    body = json.dumps(_request(contender, tokens))
+    head = (
+        f"POST {url.path}/completions HTTP/1.1\r\nHost: {url.host}:{url.port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    data = bytearray()
+    arrived: list[float] = []
+    ends: list[int] = []  # len(data) after each recv
+    start = time.perf_counter()
+    with socket.create_connection((url.host, url.port or 80)) as sock:
+        sock.sendall(head.encode() + body.encode())
+        while chunk := sock.recv(65536):
+            arrived.append(time.perf_counter())
+            data += chunk
+            ends.append(len(data))
+    status = data[: data.find(b"\r\n")]
+    if b" 200 " not in status:
+        raise RuntimeError(f"{contender.name} answered {status.decode(errors='replace')}")
+    stamps: list[float] = []
+    at = data.find(b"data: {")
+    while at >= 0:
+        end = data.index(b"\n\n", at)  # each server writes an event as one chunk: no chunk framing inside
+        if _text(json.loads(data[at + 6 : end])):
+            stamps.append(arrived[bisect.bisect_left(ends, end + 2)])
+        at = data.find(b"data: {", end)
     return Stream(start, stamps)
 
 
@@ -309,22 +350,33 @@ def bench_single(lk: Lemonkit, gguf: Path, args: Any) -> None:
         chunks = llm.create_completion(PROMPT, max_tokens=args.tokens, temperature=0, stream=True)
         return Stream(start, [time.perf_counter() for c in chunks if c["choices"][0]["text"]])
 
-    runs: dict[str, Callable[[], Stream]] = {"lemonkit": lambda: _stream(lk.contender, args.tokens)}
-    runs["in-process"] = in_process
+    runs: dict[str, Callable[[], Stream]] = {
+        "lemonkit": lambda: _stream(lk.contender, args.tokens),
+        "lemonkit, bare client": lambda: _stream_bare(lk.contender, args.tokens),
+        "in-process": in_process,
+    }
     for run in runs.values():
         run()  # warm up
     rates: dict[str, list[float]] = {k: [] for k in runs}
     for round_ in range(max(args.rounds, 3)):
-        for name in list(runs)[round_ % 2 :] + list(runs)[: round_ % 2]:
+        for name in list(runs)[round_ % 3 :] + list(runs)[: round_ % 3]:
             rates[name].append(runs[name]().decode_rate)
     engine._closed = True  # its generator is closed already
     llm.close()
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"\nsingle: one stream's decode tok/s (first token to last), median of {max(args.rounds, 3)}")
-    print(
-        f"  lemonkit {med['lemonkit']:.1f}   in-process llama-cpp-python {med['in-process']:.1f}   "
-        f"ratio {med['lemonkit'] / med['in-process']:.3f}"
-    )
+    base = med["in-process"]
+    print(f"  in-process llama-cpp-python {base:.1f}")
+    print(f"  lemonkit, httpx client       {med['lemonkit']:.1f}   ratio {med['lemonkit'] / base:.3f}")
+    bare = med["lemonkit, bare client"]
+    print(f"  lemonkit, bare-socket client {bare:.1f}   ratio {bare / base:.3f}")
+
+
+def _timings(engine: Any, body: dict[str, Any]) -> dict[str, Any]:
+    result = engine.complete(body, cancelled=lambda: False)
+    assert isinstance(result, dict)  # not streamed
+    timings: dict[str, Any] = result["timings"]
+    return timings
 
 
 def bench_kernels(gguf: Path, args: Any) -> None:
@@ -342,8 +394,8 @@ def bench_kernels(gguf: Path, args: Any) -> None:
             prompt = {"model": "m", "prompt": long_prompt, "max_tokens": 1, "cache_prompt": False}
             decode = {"model": "m", "prompt": PROMPT, "max_tokens": args.tokens, "temperature": 0}
             engine.complete(prompt, cancelled=lambda: False)  # warm up
-            pp = [engine.complete(prompt, cancelled=lambda: False)["timings"]["prompt_per_second"] for _ in range(3)]
-            tg = [engine.complete(decode, cancelled=lambda: False)["timings"]["predicted_per_second"] for _ in range(3)]
+            pp = [_timings(engine, prompt)["prompt_per_second"] for _ in range(3)]
+            tg = [_timings(engine, decode)["predicted_per_second"] for _ in range(3)]
             return statistics.median(pp), statistics.median(tg)
         finally:
             engine.close()
@@ -532,7 +584,8 @@ def bench_embed(home: Path, args: Any) -> None:
             engine.embed({"input": [text]})
 
     rates: dict[str, list[float]] = {"one request": [], "one per input": []}
-    batched(), one_by_one()  # warm up
+    batched()  # warm up
+    one_by_one()
     for _ in range(max(args.rounds, 3)):
         for name, run in (("one request", batched), ("one per input", one_by_one)):
             start = time.perf_counter()

@@ -185,3 +185,39 @@ def test_without_reference_kernels_a_load_falls_back_or_fails_as_asked(
         engine.close()
     with pytest.raises(ModelLoadError, match=r"--batch-invariant: .*unverified"):
         _engine(tiny_path, "--batch-invariant")
+
+
+def test_the_prompts_of_one_completion_interleave_and_stop_together(chunked: LlamaCppEngine) -> None:
+    """Three prompts on two slots: the second's tokens arrive before the first has ended, each text is the lone
+    one, only the last chunk carries the usage; a cancellation stops them all, and closing the stream early too."""
+    prompts = ["one", "two two", "three three three"]
+    body = {"max_tokens": 24, "temperature": 0.9, "seed": 3}
+    never = threading.Event()
+    alone = [_text(_stream(chunked, {**body, "prompt": p}, never)) for p in prompts]
+    chunks = list(_stream(chunked, {**body, "prompt": prompts}, never))
+
+    order = [c["choices"][0]["index"] for c in chunks]
+    first_end = next(i for i, c in enumerate(chunks) if c["choices"][0]["finish_reason"] and order[i] == 0)
+    assert 1 in order[:first_end]
+    for i, text in enumerate(alone):
+        assert _text(c for c in chunks if c["choices"][0]["index"] == i) == text
+    assert [i for i, c in enumerate(chunks) if "usage" in c] == [len(chunks) - 1]
+    assert chunks[-1]["usage"]["completion_tokens"] == 3 * 24
+
+    stop = threading.Event()
+    n = 0
+    for n, _chunk in enumerate(_stream(chunked, {"prompt": prompts, "max_tokens": 3000, "temperature": 0}, stop)):
+        if n == 5:
+            stop.set()
+    assert n < 5 + 2 * 3  # each running prompt sends at most the token it was sampling
+    assert not [t for t in threading.enumerate() if t.name.startswith("prompt-")]
+
+    early = _stream(chunked, {"prompt": prompts, "max_tokens": 3000, "temperature": 0}, never)
+    next(early)
+    early.close()  # the client left
+    assert not [t for t in threading.enumerate() if t.name.startswith("prompt-")]
+    assert _text(_stream(chunked, {**body, "prompt": prompts[0]}, never)) == alone[0]  # the slots are free again
+
+
+def _text(chunks: Iterator[dict[str, Any]]) -> str:
+    return "".join(c["choices"][0]["text"] for c in chunks)

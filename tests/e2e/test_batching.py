@@ -222,3 +222,37 @@ async def test_each_slot_keeps_its_own_prompt_cache(host: Host) -> None:
         assert one[k]["usage"]["prompt_tokens"] - 8 <= cached < two[k]["usage"]["prompt_tokens"]
         assert fresh[k]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert two[k]["choices"][0]["message"] == fresh[k]["choices"][0]["message"]
+
+
+async def test_the_prompts_of_one_completion_share_the_batch(host: Host) -> None:
+    """A completion's prompts generate side by side, one slot each, and each answers as it does alone."""
+    prompts = ["one", "two two", "three three three"]
+    seeded = {"model": TINY, "max_tokens": 30, "temperature": 0.9, "seed": 7, "logprobs": 2}
+    async with host.client() as client:
+        await _load(client, "--parallel 3")
+        alone = [(await client.post("completions", json={**seeded, "prompt": p})).json() for p in prompts]
+        together = (await client.post("completions", json={**seeded, "prompt": prompts})).json()
+
+        body = {"model": TINY, "prompt": prompts, "max_tokens": 4000, "temperature": 0, "stream": True}
+        async with client.stream("POST", "completions", json=body) as response:
+            assert response.status_code == 200
+            seen: set[int] = set()
+            lines = response.aiter_lines()
+            # TINY never ends on its own: one after another, the second prompt would start 4000 tokens later
+            while len(seen) < len(prompts):
+                line = await anext(lines)
+                if line.startswith("data: {"):
+                    (choice,) = json.loads(line[len("data: ") :])["choices"]
+                    assert choice["finish_reason"] is None
+                    seen.add(choice["index"])
+        await _idle(client)  # leaving ended all three
+
+    assert [c["index"] for c in together["choices"]] == [0, 1, 2]
+    for choice, lone in zip(together["choices"], alone, strict=True):
+        (want,) = lone["choices"]
+        assert (choice["text"], choice["logprobs"], choice["finish_reason"]) == (
+            want["text"],
+            want["logprobs"],
+            want["finish_reason"],
+        )
+    assert together["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone)

@@ -280,13 +280,12 @@ class LlamaCppEngine:
             n_probs = top_logprobs("logprobs", logprobs, "a boolean or an integer")
         jobs = [self._sampling.job(body, self._gen.tokenize(p), n_probs=n_probs, prompt=p) for p in prompts]
 
-        def generate(job: Job, run: Run) -> Iterator[tuple[str, Any]]:
-            return self._gen.generate(job, run, cancelled)
-
         base = self._base(body, "cmpl-", "text_completion")
         runs: list[Run] = []
+        gen = self._gen
+        echo = bool(body.get("echo"))
         chunks = completion_chunks(
-            base, jobs, bool(body.get("echo")), t_start, generate, self._gen.token_bytes, runs, cancelled
+            base, jobs, echo, t_start, gen.generate, gen.token_bytes, runs, cancelled, window=gen.n_parallel
         )
         return chunks if body.get("stream") else completion(base, jobs, chunks, runs)
 

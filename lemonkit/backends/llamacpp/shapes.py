@@ -11,10 +11,12 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from lemonkit.backends.base import Cancelled
 from lemonkit.backends.chat import ForcedToolStream, StreamParser, ToolSpec, new_call_id
+from lemonkit.backends.llamacpp.interleave import interleave
 
 if TYPE_CHECKING:
     from lemonkit.backends.llamacpp.generation import Job, Logprob
@@ -296,8 +298,8 @@ def chat_stream(
 
 # ----------------------------------------------------------------------------- text completions
 
-#: generates one job's tokens, filling its run
-Generate = Callable[["Job", Run], Tokens]
+#: generates one job's tokens, filling its run, until it ends or the cancellation says so
+Generate = Callable[["Job", Run, Cancelled], Tokens]
 
 
 def _completion_logprobs(items: list[tuple[Logprob, int]], token_bytes: TokenBytes) -> dict[str, Any]:
@@ -349,33 +351,54 @@ def completion_chunks(
     token_bytes: TokenBytes,
     runs: list[Run],
     cancelled: Cancelled,
+    *,
+    window: int = 1,
 ) -> Iterator[dict[str, Any]]:
-    """The ``text_completion`` chunks of each job in turn; fills ``runs``, one per job started."""
-    for index, job in enumerate(jobs):
+    """The ``text_completion`` chunks of every job, each tagged with its index; fills ``runs``, one per job started,
+    in index order. Up to ``window`` jobs generate at once (the batch steps them together), so their chunks
+    interleave. The last chunk carries the usage and timings of all."""
+
+    def source(index: int, gone: Cancelled) -> Iterator[dict[str, Any]]:
         run = Run(t_start=t_start if index == 0 else time.perf_counter())
         runs.append(run)
-        want_lp = job.n_probs is not None
-        offset = 0
-        if echo:
-            yield {**base, "choices": [{"index": index, "text": job.prompt, "logprobs": None, "finish_reason": None}]}
-            offset = len(job.prompt)
-        pending: list[tuple[Logprob, int]] = []
-        for text, lp in generate(job, run):
-            if lp is not None:
-                pending.append((lp, offset))
-                offset += len(lp[1].decode("utf-8", "replace"))
-            if not text:
-                continue
-            logprobs = _completion_logprobs(pending, token_bytes) if want_lp else None
-            yield {**base, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}]}
-            pending = []
-        if run.finish_reason == "cancelled" or cancelled():
-            return
-        logprobs = _completion_logprobs(pending, token_bytes) if want_lp and pending else None
-        final: dict[str, Any] = {
-            **base,
-            "choices": [{"index": index, "text": "", "logprobs": logprobs, "finish_reason": run.finish}],
-        }
-        if index == len(jobs) - 1:
-            final["usage"], final["timings"] = _add_usage(runs)
-        yield final
+        return _job_chunks(base, index, jobs[index], run, echo, generate, token_bytes, gone)
+
+    ended = 0
+    for _, chunk in interleave([partial(source, i) for i in range(len(jobs))], window, cancelled):
+        if chunk["choices"][0]["finish_reason"] is not None:
+            ended += 1
+            if ended == len(jobs):
+                chunk["usage"], chunk["timings"] = _add_usage(runs)
+        yield chunk
+
+
+def _job_chunks(
+    base: dict[str, Any],
+    index: int,
+    job: Job,
+    run: Run,
+    echo: bool,
+    generate: Generate,
+    token_bytes: TokenBytes,
+    cancelled: Cancelled,
+) -> Iterator[dict[str, Any]]:
+    """One job's chunks: its text as it comes, then a chunk with its finish reason (none when cancelled)."""
+    want_lp = job.n_probs is not None
+    offset = 0
+    if echo:
+        yield {**base, "choices": [{"index": index, "text": job.prompt, "logprobs": None, "finish_reason": None}]}
+        offset = len(job.prompt)
+    pending: list[tuple[Logprob, int]] = []
+    for text, lp in generate(job, run, cancelled):
+        if lp is not None:
+            pending.append((lp, offset))
+            offset += len(lp[1].decode("utf-8", "replace"))
+        if not text:
+            continue
+        logprobs = _completion_logprobs(pending, token_bytes) if want_lp else None
+        yield {**base, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}]}
+        pending = []
+    if run.finish_reason == "cancelled" or cancelled():
+        return
+    logprobs = _completion_logprobs(pending, token_bytes) if want_lp and pending else None
+    yield {**base, "choices": [{"index": index, "text": "", "logprobs": logprobs, "finish_reason": run.finish}]}
