@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import math
 import time
@@ -40,6 +41,8 @@ log = logging.getLogger("lemonkit.fairness")
 
 #: the seconds a turn is guessed to last before any has been measured
 _FIRST_GUESS = 1.0
+#: the user whose admitted request the running code serves (tasks it starts inherit it)
+_admitted: contextvars.ContextVar[str | None] = contextvars.ContextVar("lemonkit_admitted", default=None)
 
 
 class TokenBucket:
@@ -222,6 +225,9 @@ class FairScheduler:
     async def admission(self, user: str, model: str, *, metered: bool = True) -> AsyncIterator[None]:
         """Admit one request of ``user`` for ``model`` for as long as the block runs.
 
+        Inside a block already admitted for ``user`` (one request that uses several models, such as a recipe's
+        stages, even from tasks it started), the request has counted once: only the queues are checked.
+
         Args:
             metered: Charge it to the user's request rate (a session's later utterances are not: the session
                 was, when it started).
@@ -230,6 +236,10 @@ class FairScheduler:
             TooManyRequests: The user has ``max_active`` requests open, or used their rate; nothing was done.
             QueueFull: ``max_queue`` requests wait at the model already; nothing was done.
         """
+        if _admitted.get() == user:
+            self._check_queued(user, model)
+            yield
+            return
         limits = self.limits
         if limits.max_active and self.active(user) >= limits.max_active:
             raise TooManyRequests(
@@ -250,9 +260,11 @@ class FairScheduler:
                 )
         state = self._users.setdefault(user, _User())  # refused requests leave nothing behind
         state.active += 1
+        inside = _admitted.set(user)
         try:
             yield
         finally:
+            _admitted.reset(inside)
             state.active -= 1
             if not state.active:
                 del self._users[user]

@@ -288,6 +288,21 @@ class ModelManager:
                     if model.active == 0:
                         model.idle.set()
 
+    @contextlib.asynccontextmanager
+    async def request(self, first: str) -> AsyncIterator[None]:
+        """Admit one request of the caller that uses several models in turn or at once (each with :meth:`use`
+        inside the block): it counts once toward the caller's limits and rate, however its uses overlap.
+
+        Args:
+            first: The model it uses first (whose queue decides whether it may wait).
+
+        Raises:
+            TooManyRequests: The caller is over a per-user limit (nothing was done).
+            QueueFull: The model's queue (all users) is full (nothing was done).
+        """
+        async with self.fairness.admission(caller.current.get().name, first):
+            yield
+
     async def warm(self, name: str) -> LoadedModel:
         """Load ``name`` for a session that will use it per utterance (each a :meth:`use` of its own): the
         session's start is admitted and charged to the caller's rate here, but holds no turn and no admission

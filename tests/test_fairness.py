@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 
 import pytest
@@ -222,6 +223,39 @@ async def test_a_request_that_fails_in_its_turn_releases_it() -> None:
     async with sched.admission("alice", MODEL), sched.turn(MODEL, "alice"):
         assert sched.busy(MODEL)
     assert not sched.busy(MODEL)
+
+
+async def test_one_request_using_several_models_counts_once() -> None:
+    """Uses inside an admitted request (also from tasks it starts, also overlapping) count neither toward
+    max_active nor toward the rate; another request of the same user meanwhile is refused as before."""
+    sched = scheduler(max_active=1, rate=2)
+    inner_done = asyncio.Event()
+
+    async def stage(model: str) -> None:
+        async with sched.admission("alice", model), sched.turn(model, "alice"):
+            await inner_done.wait()
+
+    async with sched.admission("alice", "asr"):
+        speaking = asyncio.ensure_future(stage("tts"))  # the voice speaks while the reply is generated
+        await settle(lambda: sched.busy("tts"), "the voice's turn")
+        async with sched.admission("alice", "chat"), sched.turn("chat", "alice"):
+            assert sched.active("alice") == 1
+        inner_done.set()
+        await speaking
+
+        async def another_request() -> None:
+            async with sched.admission("alice", "chat"):
+                pass
+
+        other = asyncio.get_running_loop().create_task(another_request(), context=contextvars.Context())
+        with pytest.raises(TooManyRequests):
+            await other
+    assert sched.active("alice") == 0
+    async with sched.admission("alice", "chat"):  # the rate had one left: the run took one, not four
+        pass
+    with pytest.raises(TooManyRequests):
+        async with sched.admission("alice", "chat"):
+            pass
 
 
 def test_user_limits_from_env(monkeypatch: pytest.MonkeyPatch) -> None:

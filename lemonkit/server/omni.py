@@ -93,10 +93,11 @@ class OmniChat:
         self.roles = Roles.of(parts)
         if self.roles.chat is None:
             raise ModelNotApplicable(f"{self.info.id} has no chat model among its components to run the omni loop")
-        if self.body.get("stream"):
-            await self.handler.pump(self._frames())  # the stream opens once the chat model is ready (see _ask)
-        else:
-            self.handler.write_json(await self._complete())
+        async with self.service.manager.request(self.roles.chat.id):  # one request, however many rounds and tools
+            if self.body.get("stream"):
+                await self.handler.pump(self._frames())  # the stream opens once the chat model is ready (see _ask)
+            else:
+                self.handler.write_json(await self._complete())
 
     # -- the two forms of the answer -------------------------------------------------------------------------
 

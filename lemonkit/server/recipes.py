@@ -33,9 +33,8 @@ log = logging.getLogger("lemonkit.server")
 
 class SidecarStages:
     """The voice chat's models reached through their sidecars, each held with :meth:`ModelManager.use` for as long
-    as the pipeline needs it. Only the transcription counts toward the caller's request rate: one run is one
-    request. Toward ``LEMONKIT_USER_MAX_ACTIVE`` it counts as two while the voice speaks during the reply's
-    generation (a limit of 1 refuses the second with 429).
+    as the pipeline needs it, inside the run's one admission (:meth:`ModelManager.request`): toward the caller's
+    limits and rate a run is one request, though the voice speaks while the reply is generated.
 
     Args:
         handler: The request's handler (its sidecar helpers, its manager).
@@ -52,7 +51,7 @@ class SidecarStages:
             return await self.handler.sidecar_json(loaded, "/v1/audio/transcriptions", body, files=files)
 
     async def chat(self, model: str, messages: list[dict[str, str]], options: dict[str, Any]) -> AsyncIterator[str]:
-        async with self.manager.use(model, metered=False) as loaded:
+        async with self.manager.use(model) as loaded:
             body = {"model": model, "messages": messages, **options, "stream": True}
             response = await self.handler.sidecar_request(loaded, "/v1/chat/completions", body)
             # closed at once when the run ends early: that stops the generation
@@ -63,7 +62,7 @@ class SidecarStages:
 
     @contextlib.asynccontextmanager
     async def speaker(self, model: str, options: dict[str, Any]) -> AsyncIterator[Speaker]:
-        async with self.manager.use(model, metered=False) as loaded:
+        async with self.manager.use(model) as loaded:
 
             async def speak(text: str) -> tuple[bytes, int]:
                 body = {"model": model, "input": text, **options, "response_format": "pcm"}
@@ -120,14 +119,15 @@ class RecipeRunHandler(LemonkitHandler):
                 await asyncio.to_thread(read_allowed_file, run.audio_path, self.service.settings.allowed_dirs)
             ).content
         chat = VoiceChat(run, SidecarStages(self), audio)
-        events = chat.events()
-        try:
-            if run.stream:
-                await self._stream(chat, events)
-            elif await self.unless_gone(_drain(events)):
-                self.write_json(chat.result)
-        finally:
-            await events.aclose()  # a client that left stops every stage
+        async with self.service.manager.request(run.models[run.recipe.roles[0].name]):
+            events = chat.events()
+            try:
+                if run.stream:
+                    await self._stream(chat, events)
+                elif await self.unless_gone(_drain(events)):
+                    self.write_json(chat.result)
+            finally:
+                await events.aclose()  # a client that left stops every stage
 
     async def _stream(self, chat: VoiceChat, events: AsyncGenerator[dict[str, Any], None]) -> None:
         first: list[dict[str, Any]] = []

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from conftest import API_KEY, Host, Standalone
 from hub_server import HubServer
-from speech import SENTENCES, speech_samples, word_error_rate
+from speech import SENTENCES, speech_samples, speech_wav, word_error_rate
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 from waiting import until
@@ -199,6 +199,27 @@ async def test_a_realtime_session_holds_no_turn_between_utterances(env: Env) -> 
         assert word_error_rate(SENTENCES[1], await _say(ws, SENTENCES[1])) <= 0.2
     finally:
         ws.close()
+
+
+@pytest.mark.parametrize("user_limits", [{"max_active": 1}])
+async def test_a_voice_chat_is_one_request(env: Env) -> None:
+    """Its voice speaks while its reply is generated (three models in use, two at once), yet with max_active 1 it
+    is served (that it is charged once toward the rate is tests/test_fairness.py's)."""
+    question = base64.b64encode(speech_wav("Tell me a story about a cat.")).decode()
+    options = {"conversation.temperature": 0, "conversation.max_tokens": 60}
+    body = {"recipe": "voice-chat", "stream": True, "request": {"audio_base64": question, "options": options}}
+    async with env.client() as client:
+        async with client.stream("POST", "recipes/run", json=body) as response:
+            assert response.status_code == 200
+            frames = [json.loads(line[6:]) async for line in response.aiter_lines() if line.startswith("data: {")]
+        assert frames[-1]["type"] == "task.stream.done", frames[-1]
+        assert frames[-1]["result"]["text"] and frames[-1]["result"]["audio"]
+        events = [f["event"] for f in frames if f["type"] == "task.stream.event"]
+        roles = [e["role"] for e in events if not e["is_final"]]
+        reply_ends = max(i for i, role in enumerate(roles) if role == "conversation")
+        assert "tts" in roles[:reply_ends], roles  # the voice spoke while the reply was being generated
+        after = await client.post("completions", json=completion(env.model))  # the run is no longer under way
+        assert after.status_code == 200, after.text
 
 
 @pytest.mark.parametrize("user_limits", [{"max_active": 1}])
