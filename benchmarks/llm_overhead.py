@@ -157,6 +157,8 @@ def _engine_llm(model_path: Path, chat_format: str | None = None) -> object:
             "options": {},
         }
     )
+    engine._gen.close()  # its decode thread ends (it probes the context at start): this process decodes alone
+    engine._closed = True
     return engine._llm
 
 
