@@ -48,11 +48,16 @@ def test_the_download_plan_of_a_diffusers_repo(tmp_path: Path) -> None:
     assert diffusers_files([p for p in files if p != "model_index.json"]) == []  # no index: no pipeline
 
 
+@pytest.fixture(scope="module")
+def sd_turbo_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes | Path]:
+    """The repo's files, on disk for as long as the module's hub serves them (both hosts' tests)."""
+    return sd_turbo_repo(tmp_path_factory.mktemp("sd-turbo-repo"))
+
+
 @pytest.mark.slow
-async def test_pull_sd_turbo_then_generate(env: Env, tmp_path: Path) -> None:  # noqa: F811
-    files = sd_turbo_repo(tmp_path)
+async def test_pull_sd_turbo_then_generate(env: Env, sd_turbo_files: dict[str, bytes | Path]) -> None:  # noqa: F811
     if env.hub._lookup(REPO) is None:
-        env.hub.add_repo(REPO, files)
+        env.hub.add_repo(REPO, sd_turbo_files)
     async with env.client() as client:
         before = await model(client, "SD-Turbo")
         assert before["recipe"] == "diffusers" and before["checkpoint"] == REPO and before["supported"], before
@@ -70,4 +75,4 @@ async def test_pull_sd_turbo_then_generate(env: Env, tmp_path: Path) -> None:  #
     snapshots = list((env.storage(REPO) / "snapshots").iterdir())
     assert len(snapshots) == 1
     fetched = sorted(str(p.relative_to(snapshots[0])) for p in snapshots[0].rglob("*") if p.is_file())
-    assert fetched == diffusers_files(files)
+    assert fetched == diffusers_files(sd_turbo_files)
