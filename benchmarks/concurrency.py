@@ -2,6 +2,7 @@
 
     python benchmarks/concurrency.py [--streams 1,2,4,8] [--tokens 96] [--rounds 3] [--threads 2] [--ctx 4096]
                                      [--duration 5] [--sections streams,single,kernels,probe,embed] [--build-only]
+                                     [--lemonkit-args "--no-batch-invariant"]
 
 Everything on the bundled Gemma 3 270M (``Gemma-3-270m-GGUF``), ``--threads`` engine threads, the same GGUF and
 context size for every contender, greedy sampling, the same prompt:
@@ -166,8 +167,8 @@ class Lemonkit:
     """``lemonkit serve`` in a subprocess, its cache under the benchmark's directory (the bundled Gemma is
     assembled there once)."""
 
-    def __init__(self, home: Path, threads: int, ctx: int) -> None:
-        self.threads, self.ctx = threads, ctx
+    def __init__(self, home: Path, threads: int, ctx: int, extra: str = "") -> None:
+        self.threads, self.ctx, self.extra = threads, ctx, extra
         self.cache = home / "lemonkit-cache"
         env = {**os.environ, "LEMONADE_CACHE_DIR": str(self.cache), "HF_HUB_OFFLINE": "1"}
         env.pop("LEMONADE_API_KEY", None)
@@ -186,7 +187,7 @@ class Lemonkit:
         body = {
             "model_name": GEMMA,
             "ctx_size": self.ctx,
-            "llamacpp_args": f"--parallel {parallel} -t {self.threads}",
+            "llamacpp_args": f"--parallel {parallel} -t {self.threads} {self.extra}".strip(),
         }
         httpx.post(f"{self.contender.api}/load", json=body, timeout=600).raise_for_status()
         self.parallel = parallel
@@ -609,7 +610,7 @@ def _loadavg() -> str:
 
 def _against_servers(home: Path, binary: Path | None, sections: list[str], args: Any) -> None:
     """The sections that run ``lemonkit serve`` (and ``llama-server`` when there is one)."""
-    lk = Lemonkit(home, args.threads, args.ctx)
+    lk = Lemonkit(home, args.threads, args.ctx, args.lemonkit_args)
     try:
         lk.load(1)
         gguf = lk.model_path()
@@ -646,6 +647,7 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=64, help="inputs of the embed section")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
     parser.add_argument("--no-llama-server", action="store_true", help="skip (and do not build) llama-server")
+    parser.add_argument("--lemonkit-args", default="", help="more llamacpp_args for lemonkit (--no-batch-invariant)")
     parser.add_argument("--build-only", action="store_true", help="build llama-server if needed, then exit")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -155,6 +155,7 @@ class ForwardWebSocket(LemonkitWebSocket):
     _upstream_ws: websocket.WebSocketClientConnection | None = None
 
     async def open(self, path: str) -> None:
+        self.set_nodelay(True)  # messages pass as they come (see LemonkitHandler.no_delay)
         upstream: Upstream = self.settings[UPSTREAM_KEY]
         try:
             service = await upstream.service()

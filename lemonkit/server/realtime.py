@@ -52,6 +52,7 @@ class RealtimeHandler(LemonkitWebSocket):
     _previous_item: str | None = None
 
     async def open(self, *args: Any, **kwargs: Any) -> None:
+        self.set_nodelay(True)  # small events, each wanted at once (see LemonkitHandler.no_delay)
         self._id = new_id("sess")
         self._warming: asyncio.Task[None] | None = None
         refused: LemonkitError | None = None

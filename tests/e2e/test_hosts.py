@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import socket
+
 import httpx
 import pytest
 from conftest import GEMMA, TINY, Host
@@ -113,3 +117,34 @@ async def test_system_info(host: Host) -> None:
     cpu = info["recipes"]["llamacpp"]["backends"]["cpu"]
     assert cpu["state"] == "installed" and cpu["version"]
     assert info["recipes"]["llamacpp"]["backends"]["metal"]["state"] == "unsupported"
+
+
+def _server_end(client_addr: tuple[str, int]) -> socket.socket:
+    """The in-process Jupyter server's socket of the connection whose client end is ``client_addr``."""
+    for candidate in gc.get_objects():
+        if isinstance(candidate, socket.socket) and candidate.fileno() >= 0 and candidate.type == socket.SOCK_STREAM:
+            with contextlib.suppress(OSError):
+                if candidate.getpeername()[:2] == client_addr[:2]:
+                    return candidate
+    raise AssertionError(f"no server socket for {client_addr}")
+
+
+async def test_a_stream_sends_each_event_at_once(jupyter_host: Host) -> None:
+    """While a stream is open its connection has TCP_NODELAY: Nagle's algorithm would hold a small event back
+    until the client acknowledged the one before, which a client may delay by 40 ms or more. Afterwards the
+    connection is back to the default, for the next request on it."""
+    body = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 400, "stream": True}
+    async with jupyter_host.client() as client:
+        async with client.stream("POST", "chat/completions", json=body) as response:
+            assert response.status_code == 200
+            lines = response.aiter_lines()
+            while not (await anext(lines)).startswith("data: {"):
+                pass
+            client_addr = response.extensions["network_stream"].get_extra_info("client_addr")
+            server = _server_end(client_addr)
+            assert server.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+            async for _ in lines:
+                pass
+        after = await client.get("health")  # the same connection, kept alive
+        assert after.status_code == 200
+        assert server.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
