@@ -14,7 +14,8 @@ streams: the aggregate tok/s of N concurrent streamed completions (every token o
 single: one stream's decode rate (first token to last, at the client) through lemonkit against
     ``llama_cpp.Llama.create_completion(stream=True)`` in this process, built as the sidecar builds it. Two clients:
     httpx, parsing each event as it arrives, and a bare socket that only timestamps what it receives and parses
-    after the stream (the client runs on the same cores as the engine: its cost is part of what it measures).
+    after the stream (the client runs on the same cores as the engine: its cost is part of what it measures); and
+    the bare client on the sidecar's own Unix socket, which shows what the server's hop costs.
 kernels: what batch-invariant decoding costs, lemonkit's llama.cpp engine in this process with its default
     (batch-invariant) kernels against ``--no-batch-invariant`` (ggml's fastest kernels, repacked weights): prompt
     tok/s of a 500-token prompt (``timings.prompt_per_second``) and one stream's decode tok/s.
@@ -251,21 +252,28 @@ def _stream(contender: Contender, tokens: int) -> Stream:
     return Stream(start, stamps)
 
 
-def _stream_bare(contender: Contender, tokens: int) -> Stream:
+def _stream_bare(contender: Contender, tokens: int, *, unix: str | None = None) -> Stream:
     """:func:`_stream` over a bare socket: each ``recv`` is timestamped and the events are parsed once the answer
     has ended, so the client's own work per token is one ``recv`` (httpx's parsing costs about 0.2 ms of CPU per
-    token, which on a machine whose cores the engine keeps busy comes out of the decode)."""
+    token, which on a machine whose cores the engine keeps busy comes out of the decode). With ``unix``, the same
+    request goes straight to a sidecar's Unix socket: the engine without the server's hop."""
     url = httpx.URL(contender.api)
     body = json.dumps(_request(contender, tokens))
+    path, host = ("/v1", "sidecar") if unix else (url.path, f"{url.host}:{url.port}")
     head = (
-        f"POST {url.path}/completions HTTP/1.1\r\nHost: {url.host}:{url.port}\r\nContent-Type: application/json\r\n"
+        f"POST {path}/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     data = bytearray()
     arrived: list[float] = []
     ends: list[int] = []  # len(data) after each recv
     start = time.perf_counter()
-    with socket.create_connection((url.host, url.port or 80)) as sock:
+    if unix:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(unix)
+    else:
+        sock = socket.create_connection((url.host, url.port or 80))
+    with sock:
         sock.sendall(head.encode() + body.encode())
         while chunk := sock.recv(65536):
             arrived.append(time.perf_counter())
@@ -282,6 +290,12 @@ def _stream_bare(contender: Contender, tokens: int) -> Stream:
             stamps.append(arrived[bisect.bisect_left(ends, end + 2)])
         at = data.find(b"data: {", end)
     return Stream(start, stamps)
+
+
+def _sidecar_socket(contender: Contender) -> str:
+    """The Unix socket of the one sidecar ``lemonkit serve`` runs (from its command line)."""
+    (sidecar,) = psutil.Process(contender.process.pid).children(recursive=True)
+    return next(arg for arg in sidecar.cmdline() if arg.endswith(".sock"))
 
 
 def _concurrent(contender: Contender, n: int, tokens: int) -> tuple[float, int]:
@@ -334,6 +348,7 @@ def bench_single(lk: Lemonkit, gguf: Path, args: Any) -> None:
     from lemonkit.backends.llamacpp import LlamaCppEngine
 
     lk.load(1)
+    sidecar = _sidecar_socket(lk.contender)
     engine = LlamaCppEngine(
         {
             "model_name": "in-process",
@@ -354,13 +369,14 @@ def bench_single(lk: Lemonkit, gguf: Path, args: Any) -> None:
     runs: dict[str, Callable[[], Stream]] = {
         "lemonkit": lambda: _stream(lk.contender, args.tokens),
         "lemonkit, bare client": lambda: _stream_bare(lk.contender, args.tokens),
+        "sidecar, bare client": lambda: _stream_bare(lk.contender, args.tokens, unix=sidecar),
         "in-process": in_process,
     }
     for run in runs.values():
         run()  # warm up
     rates: dict[str, list[float]] = {k: [] for k in runs}
     for round_ in range(max(args.rounds, 3)):
-        for name in list(runs)[round_ % 3 :] + list(runs)[: round_ % 3]:
+        for name in list(runs)[round_ % len(runs) :] + list(runs)[: round_ % len(runs)]:
             rates[name].append(runs[name]().decode_rate)
     engine._closed = True  # its generator is closed already
     llm.close()
@@ -371,6 +387,8 @@ def bench_single(lk: Lemonkit, gguf: Path, args: Any) -> None:
     print(f"  lemonkit, httpx client       {med['lemonkit']:.1f}   ratio {med['lemonkit'] / base:.3f}")
     bare = med["lemonkit, bare client"]
     print(f"  lemonkit, bare-socket client {bare:.1f}   ratio {bare / base:.3f}")
+    direct = med["sidecar, bare client"]
+    print(f"  its sidecar, bare client     {direct:.1f}   ratio {direct / base:.3f}   (no server hop)")
 
 
 def _timings(engine: Any, body: dict[str, Any]) -> dict[str, Any]:
