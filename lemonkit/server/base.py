@@ -160,7 +160,6 @@ class LemonkitHandler(_Base):
         for name, value in SSE_HEADERS.items():
             self.set_header(name, value)
         self._sse_open = True
-        self.no_delay()
         await self.flush()
 
     def no_delay(self) -> None:
