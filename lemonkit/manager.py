@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from lemonkit import logs
-from lemonkit.backends import remote
+from lemonkit.backends import handoff, remote
 from lemonkit.backends.base import NO_STATS, LoadSpec
 from lemonkit.backends.transport import connect
 from lemonkit.config import Settings
@@ -542,8 +542,9 @@ class ModelManager:
             await asyncio.wait([model.stderr_task], timeout=1)  # its last lines reach the log before "unloaded"
         await model.client.aclose()
         if model.socket_path is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(model.socket_path)
+            for path in (model.socket_path, handoff.path_for(model.socket_path)):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
         log.info("unloaded %s", model.name)
 
 

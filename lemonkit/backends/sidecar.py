@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from lemonkit.backends import engine_class
+from lemonkit.backends import engine_class, handoff
 from lemonkit.backends.base import ROUTES, Binary, BinaryStream, Engine, LoadSpec, Upload
 from lemonkit.errors import BackendError, InvalidArgument, LemonkitError, ModelNotApplicable
 
@@ -138,9 +138,14 @@ def _expects_sse(body: dict[str, Any]) -> bool:
     return body.get("stream") is True and body.get("stream_format", "sse") == "sse"
 
 
-def create_app(engine: Engine, *, ping_interval: float = 10.0) -> Starlette:
+def create_app(engine: Engine, *, ping_interval: float = 10.0, handoffs: handoff.Handoffs | None = None) -> Starlette:
     """The ASGI app serving ``engine``: the routes of :data:`~lemonkit.backends.base.ROUTES`, ``/health`` and
-    ``/stats``."""
+    ``/stats``.
+
+    Args:
+        handoffs: Where client connections arrive; with it, the app writes an SSE stream to the client itself when
+            the front asks (:mod:`lemonkit.backends.handoff`).
+    """
     # One thread per request the engine serves at once (its "slots": a batching engine generates that many
     # together); the manager admits no more, fairly per user, so requests never queue here. /health and /stats run
     # on the event loop and never wait for these.
@@ -198,7 +203,12 @@ def create_app(engine: Engine, *, ping_interval: float = 10.0) -> Starlette:
             return StreamingResponse(_raw(stream, data), media_type=head.media_type, headers=head.headers)
         if isinstance(first, _Head):  # SSE: the frames follow
             first = None
-        return StreamingResponse(_frames(stream, first, ping_interval), media_type="text/event-stream")
+        frames = _frames(stream, first, ping_interval)
+        if handoffs is not None and request.headers.get(handoff.HEADER):
+            token, connection = handoffs.expect()
+            answer = handoff.write_stream(connection, frames)
+            return StreamingResponse(answer, media_type="application/json", headers={handoff.HEADER: token})
+        return StreamingResponse(frames, media_type="text/event-stream")
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "pid": os.getpid(), "info": engine.info()})
@@ -308,12 +318,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
     sock = _bind(args.socket)
-    app = create_app(engine, ping_interval=args.ping_interval)
+    handoffs = handoff.Handoffs(handoff.path_for(args.socket))
+    handoffs.listen()
+    app = create_app(engine, ping_interval=args.ping_interval, handoffs=handoffs)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if not self.should_exit:
+                self.handoffs = asyncio.ensure_future(handoffs.serve())
                 _announce({"ready": True, "pid": os.getpid(), "info": engine.info()})
 
     config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=1)

@@ -256,9 +256,7 @@ class TranscriptionHandler(InferenceHandler):
         words = fmt == "verbose_json" and "word" in granularities
         request = self.engine_body(body, words=words, stream=bool(body.get("stream")))
         if request["stream"]:
-            response = await self.sidecar_request(model, self.sidecar_path, request, files=self.uploads)
-            await self.sse_open()
-            await self.pump(self.sidecar_frames(model, response))
+            await self.sidecar_stream(model, self.sidecar_path, request, files=self.uploads)
             return
         result = await self.sidecar_json(model, self.sidecar_path, request, files=self.uploads)
         if fmt == "json":

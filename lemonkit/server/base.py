@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 from tornado import web, websocket
-from tornado.iostream import StreamClosedError
+from tornado.iostream import IOStream, StreamClosedError
 
 from lemonkit import schemas
+from lemonkit.backends import handoff
 from lemonkit.backends.base import Upload
 from lemonkit.errors import (
     AdminRequired,
@@ -222,23 +223,31 @@ class LemonkitHandler(_Base):
     # -- talking to a model's sidecar ----------------------------------------------------------------------------
 
     async def sidecar_request(
-        self, model: LoadedModel, path: str, body: dict[str, Any], *, files: list[Upload] | None = None
+        self,
+        model: LoadedModel,
+        path: str,
+        body: dict[str, Any],
+        *,
+        files: list[Upload] | None = None,
+        hand_off: bool = False,
     ) -> httpx.Response:
         """POST ``body`` to the sidecar; the response is open for streaming.
 
         Args:
             files: Audio for a ``files`` route of :data:`lemonkit.backends.base.ROUTES`: sent base64 in
                 ``body["files"]``, encoded off the event loop.
+            hand_off: Offer the sidecar the client's connection for an SSE answer (see :meth:`sidecar_stream`).
 
         Raises:
             BackendError: The sidecar is unreachable (it is discarded) or answered with an error.
         """
         client = model.client
+        headers = {handoff.HEADER: "1"} if hand_off else {}
         if files is None:
-            request = client.build_request("POST", path, json=body)
+            request = client.build_request("POST", path, json=body, headers=headers)
         else:
             content = await asyncio.to_thread(_with_files, body, files)
-            request = client.build_request("POST", path, content=content, headers={"Content-Type": JSON})
+            request = client.build_request("POST", path, content=content, headers={"Content-Type": JSON, **headers})
         try:
             response = await client.send(request, stream=True)
         except httpx.TransportError as exc:
@@ -251,6 +260,54 @@ class LemonkitHandler(_Base):
             await response.aclose()
             raise _sidecar_error(raw, response.status_code)
         return response
+
+    async def sidecar_stream(
+        self, model: LoadedModel, path: str, body: dict[str, Any], *, files: list[Upload] | None = None
+    ) -> None:
+        """Answer with the SSE stream of the sidecar's ``path``.
+
+        The sidecar writes it to the client itself when this connection can be handed over (see
+        :mod:`lemonkit.backends.handoff`); otherwise the events pass through here.
+
+        Raises:
+            BackendError: The sidecar is unreachable (it is discarded) or refused the request up front.
+        """
+        response = await self.sidecar_request(model, path, body, files=files, hand_off=self._can_hand_off(model))
+        token = response.headers.get(handoff.HEADER)
+        if token is None:
+            await self.sse_open()
+            await self.pump(self.sidecar_frames(model, response))
+            return
+        assert model.socket_path is not None
+        self.set_header("Connection", "close")  # the sidecar ends the stream; the connection ends with it
+        await self.sse_open()
+        self.no_delay()
+        stream = self.detach()
+        try:
+            async with self._reading(model, response, "stopped mid-stream"):
+                try:
+                    await handoff.hand_over(handoff.path_for(model.socket_path), token, stream.socket)
+                except OSError as exc:
+                    self.service.manager.discard(model)
+                    message = f"The engine of {model.name} did not take the stream ({exc})"
+                    raise BackendError(message, status=502) from None
+                await response.aread()  # the sidecar's account of how it ended, once it has
+        except BackendError as exc:
+            with contextlib.suppress(StreamClosedError):
+                await stream.write(handoff.chunk(error_event(exc)) + handoff.LAST_CHUNK)
+        finally:
+            stream.close()
+            self.application.log_request(self)
+
+    def _can_hand_off(self, model: LoadedModel) -> bool:
+        """Whether the sidecar could write this response to the client itself: plain HTTP/1.1 (which tornado
+        sends chunked) on a socket it can receive, with no transform of the body on the way."""
+        return (
+            model.socket_path is not None
+            and self.request.version == "HTTP/1.1"
+            and type(getattr(self.request.connection, "stream", None)) is IOStream  # not TLS
+            and not (self.settings.get("compress_response") or self.settings.get("gzip"))
+        )
 
     async def sidecar_json(
         self, model: LoadedModel, path: str, body: dict[str, Any], *, files: list[Upload] | None = None

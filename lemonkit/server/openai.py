@@ -68,9 +68,7 @@ class ModelRouteHandler(LemonkitHandler):
 
     async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
         if body.get("stream"):
-            response = await self.sidecar_request(model, self.sidecar_path, body)
-            await self.sse_open()
-            await self.pump(self.sidecar_frames(model, response))
+            await self.sidecar_stream(model, self.sidecar_path, body)
         else:
             self.write_json(self.shape(await self.sidecar_json(model, self.sidecar_path, body), body))
 

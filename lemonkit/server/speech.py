@@ -45,11 +45,10 @@ class SpeechHandler(InferenceHandler):
         upstream = {k: v for k, v in body.items() if k not in ("stream", "stream_format")}
         if stream is not None:
             upstream.update(stream=True, stream_format=stream)
-        response = await self.sidecar_request(model, self.sidecar_path, upstream)
         if stream == "sse":
-            await self.sse_open()
-            await self.pump(self.sidecar_frames(model, response))
+            await self.sidecar_stream(model, self.sidecar_path, upstream)
             return
+        response = await self.sidecar_request(model, self.sidecar_path, upstream)
         for name in _PASSED_HEADERS:
             if name in response.headers:
                 self.set_header(name, response.headers[name])

@@ -129,13 +129,17 @@ def _server_end(client_addr: tuple[str, int]) -> socket.socket:
     raise AssertionError(f"no server socket for {client_addr}")
 
 
-async def test_a_stream_sends_each_event_at_once(jupyter_host: Host) -> None:
+@pytest.mark.parametrize("route", ["chat/completions", "responses"])
+async def test_a_stream_sends_each_event_at_once(jupyter_host: Host, route: str) -> None:
     """While a stream is open its connection has TCP_NODELAY: Nagle's algorithm would hold a small event back
-    until the client acknowledged the one before, which a client may delay by 40 ms or more. Afterwards the
-    connection is back to the default, for the next request on it."""
-    body = {"model": TINY, "messages": [{"role": "user", "content": "go"}], "max_tokens": 400, "stream": True}
+    until the client acknowledged the one before, which a client may delay by 40 ms or more. A chat stream is
+    handed to the sidecar, which writes it on the same socket, and the connection closes at its end; a Responses
+    stream is relayed by the server, and afterwards its connection is back to the default, for the next request."""
+    body = {"model": TINY, "max_tokens": 400, "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    if route == "responses":
+        body = {"model": TINY, "max_output_tokens": 400, "stream": True, "input": "go"}
     async with jupyter_host.client() as client:
-        async with client.stream("POST", "chat/completions", json=body) as response:
+        async with client.stream("POST", route, json=body) as response:
             assert response.status_code == 200
             lines = response.aiter_lines()
             while not (await anext(lines)).startswith("data: {"):
@@ -145,6 +149,9 @@ async def test_a_stream_sends_each_event_at_once(jupyter_host: Host) -> None:
             assert server.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
             async for _ in lines:
                 pass
+        if route == "chat/completions":
+            assert response.headers["connection"] == "close"
+            return
         after = await client.get("health")  # the same connection, kept alive
         assert after.status_code == 200
         assert server.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
