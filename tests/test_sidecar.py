@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from lemonkit.backends import handoff
+
 LAUNCH = (
     "import sys; sys.path.insert(0, {tests!r}); import lemonkit.backends as b; "
     "b.RECIPES['stall'] = 'fault_engines:StallEngine'; from lemonkit.backends.sidecar import main; main()"
@@ -97,4 +99,76 @@ def test_a_client_that_leaves_a_non_streamed_answer_stops_the_engine(sidecar: tu
 
 def test_health(sidecar: tuple[httpx.Client, Path]) -> None:
     client, _ = sidecar
+    assert client.get("/health").json()["status"] == "ok"
+
+
+def _hand_over(sock: Path, token: str, connection: socket.socket) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as channel:
+        channel.connect(handoff.path_for(str(sock)))
+        socket.send_fds(channel, [token.encode()], [connection.fileno()])
+
+
+def _chunks(data: bytes) -> tuple[list[bytes], bool]:
+    """The chunks of a chunked body, and whether it ended with the last chunk."""
+    parts = []
+    while data:
+        size, _, rest = data.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return parts, rest == b"\r\n"
+        parts.append(rest[:n])
+        assert rest[n : n + 2] == b"\r\n"
+        data = rest[n + 2 :]
+    return parts, False
+
+
+def _read_all(connection: socket.socket) -> bytes:
+    data = b""
+    while part := connection.recv(65536):
+        data += part
+    return data
+
+
+def test_a_handed_over_connection_gets_the_stream_in_chunks(sidecar: tuple[httpx.Client, Path], tmp_path: Path) -> None:
+    client, gate = sidecar
+    sock = tmp_path / "s.sock"  # the fixture's
+    ours, theirs = socket.socketpair()
+    body = {"messages": [], "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json=body, headers={handoff.HEADER: "1"}) as response:
+        assert response.status_code == 200
+        _hand_over(sock, response.headers[handoff.HEADER], theirs)
+        theirs.close()
+        assert ours.recv(64).startswith(b"8\r\n: ping\n\n\r\n")  # the sidecar writes now; the front stays silent
+        _open_gate(gate, "hello")
+        parts, complete = _chunks(_read_all(ours))  # ends: the sidecar closed its end
+        answer = json.loads(response.read())
+    assert complete and answer == {"ended": "done"}
+    events = [p for p in parts if p != b": ping\n\n"]
+    assert json.loads(events[0][6:])["choices"][0]["delta"]["content"] == "hello"
+    assert events[-1] == b"data: [DONE]\n\n"
+
+
+def test_a_client_that_leaves_ends_a_handed_over_stream(sidecar: tuple[httpx.Client, Path], tmp_path: Path) -> None:
+    client, gate = sidecar
+    sock = tmp_path / "s.sock"  # the fixture's
+    ours, theirs = socket.socketpair()
+    with client.stream(
+        "POST", "/v1/chat/completions", json={"messages": [], "stream": True}, headers={handoff.HEADER: "1"}
+    ) as response:
+        _hand_over(sock, response.headers[handoff.HEADER], theirs)
+        theirs.close()
+        ours.recv(64)
+        ours.close()
+        answer = json.loads(response.read())
+    assert answer == {"ended": "client"}
+    _open_gate(gate, "late")  # the engine's thread was waiting for its cue; the stream was already stopped
+
+
+def test_a_connection_for_no_waiting_answer_is_closed(sidecar: tuple[httpx.Client, Path], tmp_path: Path) -> None:
+    client, _ = sidecar
+    sock = tmp_path / "s.sock"  # the fixture's
+    ours, theirs = socket.socketpair()
+    _hand_over(sock, "no-such-token", theirs)
+    theirs.close()
+    assert _read_all(ours) == b""  # the sidecar closed the one copy left
     assert client.get("/health").json()["status"] == "ok"

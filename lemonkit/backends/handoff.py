@@ -20,7 +20,7 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 __all__ = ["HEADER", "LAST_CHUNK", "Handoffs", "chunk", "hand_over", "path_for", "write_stream"]
 
@@ -122,42 +122,46 @@ class Handoffs:
         return token, future
 
 
-async def write_stream(connection: asyncio.Future[socket.socket], frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def write_stream(
+    connection: asyncio.Future[socket.socket], frames: AsyncIterator[bytes], *, stop: Callable[[], None]
+) -> AsyncIterator[bytes]:
     """Write ``frames`` to the client connection the front hands over, then answer the front with how it ended.
 
-    The stream ends early when the client leaves (its end of the connection closes); ``frames`` is then closed,
-    which stops the engine. When the front leaves, the app cancels this answer, with the same effect. Yields the
-    one JSON line of the front's answer: ``{"ended": "done" | "client" | "no connection"}``.
+    The stream ends early when the client leaves (its end of the connection closes). When the front leaves, the
+    app cancels this answer. However it ends, ``stop`` is called (it stops the engine) and ``frames`` is closed.
+    Yields the one JSON line of the front's answer: ``{"ended": "done" | "client" | "no connection"}``.
     """
     try:
-        async with asyncio.timeout(WAIT):
-            client = await asyncio.shield(connection)
-    except TimeoutError:
-        connection.cancel()
-        await _close(frames)
-        yield b'{"ended": "no connection"}\n'
-        return
-    reader, writer = await asyncio.open_connection(sock=client)
-    client_gone = asyncio.ensure_future(_until_eof(reader))
+        try:
+            async with asyncio.timeout(WAIT):
+                client = await connection
+        except TimeoutError:
+            yield b'{"ended": "no connection"}\n'
+            return
+        reader, writer = await asyncio.open_connection(sock=client)
+        client_gone = asyncio.ensure_future(_until_eof(reader))
 
-    async def write() -> None:
-        async for frame in frames:
-            writer.write(chunk(frame))
+        async def write() -> None:
+            async for frame in frames:
+                if frame:  # an empty chunk would end the body
+                    writer.write(chunk(frame))
+                    await writer.drain()
+            writer.write(LAST_CHUNK)
             await writer.drain()
-        writer.write(LAST_CHUNK)
-        await writer.drain()
 
-    writing = asyncio.ensure_future(write())
-    try:
-        await asyncio.wait([writing, client_gone], return_when=asyncio.FIRST_COMPLETED)
-        ended = "done" if writing.done() and writing.exception() is None else "client"
+        writing = asyncio.ensure_future(write())
+        try:
+            await asyncio.wait([writing, client_gone], return_when=asyncio.FIRST_COMPLETED)
+            ended = "done" if writing.done() and writing.exception() is None else "client"
+        finally:
+            for task in (writing, client_gone):
+                task.cancel()
+            await asyncio.gather(writing, client_gone, return_exceptions=True)
+            writer.close()
+        yield json.dumps({"ended": ended}).encode() + b"\n"
     finally:
-        for task in (writing, client_gone):
-            task.cancel()
-        await asyncio.gather(writing, client_gone, return_exceptions=True)
+        stop()
         await _close(frames)
-        writer.close()
-    yield json.dumps({"ended": ended}).encode() + b"\n"
 
 
 async def _until_eof(reader: asyncio.StreamReader) -> None:

@@ -206,7 +206,7 @@ def create_app(engine: Engine, *, ping_interval: float = 10.0, handoffs: handoff
         frames = _frames(stream, first, ping_interval)
         if handoffs is not None and request.headers.get(handoff.HEADER):
             token, connection = handoffs.expect()
-            answer = handoff.write_stream(connection, frames)
+            answer = handoff.write_stream(connection, frames, stop=stream.cancel.set)
             return StreamingResponse(answer, media_type="application/json", headers={handoff.HEADER: token})
         return StreamingResponse(frames, media_type="text/event-stream")
 
