@@ -1029,3 +1029,27 @@ def test_gemma_completion(gemma: LlamaCppEngine):
     text = r["choices"][0]["text"]
     assert text.strip() and "\n" not in text
     assert r["usage"]["prompt_tokens"] >= 5
+
+
+def test_greedy_sampling_picks_what_llama_cpps_greedy_sampler_picks(tiny_path: Path) -> None:
+    """Temperature 0 with neutral penalties takes the argmax of the logits row directly: the token llama.cpp's
+    greedy sampler picks, at every step of a generation."""
+    import llama_cpp as lc
+
+    llm = lc.Llama(model_path=str(tiny_path), n_ctx=256, verbose=False)
+    neutral = {"temp": 0.0, "repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+    ours = SeqSampler(llm, neutral, 1, None, lambda _: False)
+    reference = lc.llama_sampler_init_greedy()
+    try:
+        llm.eval(llm.tokenize(b"hello there"))
+        picked = []
+        for _ in range(40):
+            token = ours.sample(llm._ctx.ctx, -1)
+            assert token == lc.llama_sampler_sample(reference, llm._ctx.ctx, -1)
+            picked.append(token)
+            llm.eval([token])
+        assert len(set(picked)) > 1  # a generation, not one token repeated
+    finally:
+        lc.llama_sampler_free(reference)
+        ours.close()
+        llm.close()

@@ -164,6 +164,7 @@ class Batcher:
         self._vision = vision
         self._slots = [_Slot(i) for i in range(n_parallel)]
         self._order: list[_Slot] = []  # active slots, oldest admission first (prefill order, eviction order)
+        self._outbox: list[tuple[Seq, Token | End | BaseException]] = []  # a step's results, until it is sent
         self._waiting: deque[Seq] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -216,6 +217,8 @@ class Batcher:
             except RuntimeError:
                 self.pads_single_rows = True  # padding never changes an answer, only its cost
         while True:
+            if not self._order:  # no decode to send them with: the loop may wait now
+                self._send()
             with self._cond:
                 while not self._closed and not self._waiting and not self._order:
                     self._cond.wait()
@@ -228,6 +231,7 @@ class Batcher:
                 if self._order:
                     self._step()
             except Exception as exc:  # a bug must fail its requests, not hang them
+                self._send()
                 for slot in list(self._order):
                     assert slot.seq is not None
                     slot.seq._events.put(exc)
@@ -236,6 +240,7 @@ class Batcher:
                     self._release(slot)
         for slot in list(self._order):
             self._end(slot, End("cancelled"))
+        self._send()
         for seq in self._waiting:
             seq._events.put(End("cancelled"))
 
@@ -400,10 +405,10 @@ class Batcher:
             n_probs = seq.job.n_probs
             lp = sampler.logprob(self._ctx, slot.idx, token, n_probs) if n_probs is not None else None
         except BaseException as exc:
-            seq._events.put(exc)
+            self._outbox.append((seq, exc))
             self._end(slot, None)
             return
-        seq._events.put((token, lp))
+        self._outbox.append((seq, (token, lp)))
         slot.n_gen += 1
         slot.last = token
         if self._is_eog(token):
@@ -425,14 +430,14 @@ class Batcher:
         error = RuntimeError(f"llama_decode failed (code {rc})")
         for slot in list(self._order):
             assert slot.seq is not None
-            slot.seq._events.put(error)
+            self._outbox.append((slot.seq, error))
             self._end(slot, None)
 
     def _end(self, slot: _Slot, end: End | None) -> None:
         """Free ``slot``; its cache stays for the next prompt that shares a prefix."""
         seq = slot.seq
         if seq is not None and end is not None:
-            seq._events.put(end)
+            self._outbox.append((seq, end))
         if not slot.reusable:
             self._seq_rm(slot.id, 0)
             slot.tokens, slot.n_past = [], 0
@@ -446,6 +451,13 @@ class Batcher:
             self._order.remove(slot)
 
     # ------------------------------------------------------------------ llama.cpp calls
+
+    def _send(self) -> None:
+        """Hand the results of the last step to their readers. Done as the next decode starts, which releases the
+        GIL for its whole length: readers woken earlier would hold the decode thread back while they work."""
+        for seq, item in self._outbox:
+            seq._events.put(item)
+        self._outbox.clear()
 
     def _fill(self, start: int, tokens: list[int], pos: int, seq_id: int) -> None:
         n = len(tokens)
@@ -466,6 +478,7 @@ class Batcher:
             self._logits[n] = 1
             n += 1
         self._batch.n_tokens = n
+        self._send()  # the readers turn the last step's tokens into text while this one computes
         rc = int(self._lc.llama_decode(self._ctx, self._batch))
         if padded:
             assert self._spare is not None

@@ -66,6 +66,8 @@ def interleave(
         while running:
             index, kind, payload = out.get()
             if kind == _ITEM:
+                if cancelled():  # what the sources made before they saw it is not sent
+                    return
                 yield index, payload
             elif kind == _ERROR:
                 raise payload
