@@ -297,7 +297,15 @@ class LemonkitHandler(_Base):
                 await stream.write(handoff.chunk(error_event(exc)) + handoff.LAST_CHUNK)
         finally:
             stream.close()
-            self.application.log_request(self)
+            self._finished_elsewhere()
+
+    def _finished_elsewhere(self) -> None:
+        """What ``finish()`` would have done for a response the sidecar wrote: log it, and on Jupyter record the
+        API activity (idle culling reads it) as ``APIHandler.finish`` does."""
+        update_activity = getattr(self, "update_api_activity", None)
+        if update_activity is not None:
+            update_activity()
+        self.application.log_request(self)
 
     def _can_hand_off(self, model: LoadedModel) -> bool:
         """Whether the sidecar could write this response to the client itself: plain HTTP/1.1 (which tornado

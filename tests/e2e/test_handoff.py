@@ -157,3 +157,17 @@ async def test_a_tls_connection_gets_the_stream_relayed(
     finally:
         server.stop()
         await server.close_all_connections()
+
+
+async def test_a_handed_off_stream_counts_as_jupyter_activity(jupyter_host: Host, jp_serverapp: Any) -> None:
+    """JupyterHub's idle culler reads the server's last API activity; a stream the sidecar wrote still records it."""
+    settings = jp_serverapp.web_app.settings
+    async with jupyter_host.client() as client:
+        await _sidecar(client)
+        before = settings["api_last_activity"]
+        async with client.stream("POST", "chat/completions", json={**CHAT, "max_tokens": 20, "stream": True}) as r:
+            assert r.headers["connection"] == "close"  # handed off
+            await r.aread()
+            during = settings["api_last_activity"]
+    assert during == before  # nothing else touched it
+    assert settings["api_last_activity"] > before
