@@ -296,8 +296,8 @@ class LemonkitHandler(_Base):
             with contextlib.suppress(StreamClosedError):
                 await stream.write(handoff.chunk(error_event(exc)) + handoff.LAST_CHUNK)
         finally:
-            stream.close()
             self._finished_elsewhere()
+            stream.close()
 
     def _finished_elsewhere(self) -> None:
         """What ``finish()`` would have done for a response the sidecar wrote: log it, and on Jupyter record the
