@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Callable
+import threading
+import time
 
-__all__ = ["HEADER", "LAST_CHUNK", "Handoffs", "chunk", "hand_over", "path_for", "write_stream"]
+__all__ = ["HEADER", "LAST_CHUNK", "Handoffs", "Sink", "chunk", "hand_over", "path_for"]
 
 #: the request header asking the sidecar to take the client's connection, and the answer's header naming a token
 HEADER = "X-Lemonkit-Handoff"
@@ -122,55 +122,65 @@ class Handoffs:
         return token, future
 
 
-async def write_stream(
-    connection: asyncio.Future[socket.socket], frames: AsyncIterator[bytes], *, stop: Callable[[], None]
-) -> AsyncIterator[bytes]:
-    """Write ``frames`` to the client connection the front hands over, then answer the front with how it ended.
+class Sink:
+    """Where the engine's thread writes a stream's SSE frames itself: straight into the client's connection once the
+    front has handed it over, with no hop through the event loop per token. Frames made before that wait here.
 
-    The stream ends early when the client leaves (its end of the connection closes). When the front leaves, the
-    app cancels this answer. However it ends, ``stop`` is called (it stops the engine) and ``frames`` is closed.
-    Yields the one JSON line of the front's answer: ``{"ended": "done" | "client" | "no connection"}``.
+    ``cancel`` is set when the client is found gone (a write fails, or :meth:`left` is told).
     """
-    try:
-        try:
-            async with asyncio.timeout(WAIT):
-                client = await connection
-        except TimeoutError:
-            yield b'{"ended": "no connection"}\n'
+
+    def __init__(self, cancel: threading.Event) -> None:
+        self._lock = threading.Lock()
+        self._connection: socket.socket | None = None
+        self._pending: list[bytes] = []
+        self._cancel = cancel
+        #: the client left: nothing more is written
+        self.gone = False
+        #: when a frame last went out (``time.monotonic()``): pings fill long silences
+        self.last = time.monotonic()
+
+    def write(self, frame: bytes) -> None:
+        """Send one frame (engine thread); blocks while the client's buffers are full."""
+        if not frame:  # an empty chunk would end the body
             return
-        reader, writer = await asyncio.open_connection(sock=client)
-        client_gone = asyncio.ensure_future(_until_eof(reader))
+        with self._lock:
+            if self._connection is None:
+                self._pending.append(frame)
+            else:
+                self._send(chunk(frame))
 
-        async def write() -> None:
-            async for frame in frames:
-                if frame:  # an empty chunk would end the body
-                    writer.write(chunk(frame))
-                    await writer.drain()
-            writer.write(LAST_CHUNK)
-            await writer.drain()
+    def attach(self, connection: socket.socket) -> None:
+        """Take the client's connection (blocking) and send what waited for it; may block, so not on the loop."""
+        connection.setblocking(True)
+        with self._lock:
+            self._connection = connection
+            waiting, self._pending = self._pending, []
+            if waiting:
+                self._send(b"".join(chunk(frame) for frame in waiting))
 
-        writing = asyncio.ensure_future(write())
+    def ping(self, quiet: float) -> None:
+        """Send a comment frame if nothing went out for ``quiet`` seconds (keeps proxies from timing out)."""
+        with self._lock:
+            if self._connection is not None and time.monotonic() - self.last >= quiet:
+                self._send(chunk(b": ping\n\n"))
+
+    def end(self) -> None:
+        """Send the last chunk: the response is complete."""
+        with self._lock:
+            if self._connection is not None:
+                self._send(LAST_CHUNK)
+
+    def left(self) -> None:
+        """The client closed its end: stop."""
+        self.gone = True
+        self._cancel.set()
+
+    def _send(self, data: bytes) -> None:
+        if self.gone or self._connection is None:
+            return
         try:
-            await asyncio.wait([writing, client_gone], return_when=asyncio.FIRST_COMPLETED)
-            ended = "done" if writing.done() and writing.exception() is None else "client"
-        finally:
-            for task in (writing, client_gone):
-                task.cancel()
-            await asyncio.gather(writing, client_gone, return_exceptions=True)
-            writer.close()
-        yield json.dumps({"ended": ended}).encode() + b"\n"
-    finally:
-        stop()
-        await _close(frames)
-
-
-async def _until_eof(reader: asyncio.StreamReader) -> None:
-    """Return when the client closes its end (anything it sends meanwhile, it sends to a closing connection)."""
-    while await reader.read(65536):
-        pass
-
-
-async def _close(frames: AsyncIterator[bytes]) -> None:
-    aclose = getattr(frames, "aclose", None)
-    if aclose is not None:
-        await aclose()
+            self._connection.sendall(data)
+        except OSError:
+            self.left()
+            return
+        self.last = time.monotonic()

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import base64
 import binascii
+import contextlib
 import json
 import os
 import socket
@@ -77,10 +78,14 @@ class _Stream:
     then ``_END``.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, hand_off: bool = False) -> None:
         self.loop = loop
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.cancel = threading.Event()
+        #: set when the engine call has returned and nothing more is written
+        self.done = threading.Event()
+        #: with ``hand_off``, an SSE stream's frames skip the queue: this thread writes them to the client itself
+        self.sink = handoff.Sink(self.cancel) if hand_off else None
 
     def _put(self, item: Any) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
@@ -99,15 +104,17 @@ class _Stream:
                         self._put(part)
             else:
                 self._put(_Head())
+                send = self._put if self.sink is None else self.sink.write
                 events: Iterator[dict[str, Any]] = result
                 for chunk in events:
                     if self.cancel.is_set():
                         return
-                    self._put(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-                self._put(b"data: [DONE]\n\n")
+                    send(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                send(b"data: [DONE]\n\n")
         except Exception as exc:
             self._put(exc)
         finally:
+            self.done.set()
             self._put(_END)
 
 
@@ -171,9 +178,9 @@ def create_app(engine: Engine, *, ping_interval: float = 10.0, handoffs: handoff
             return method(body, cancelled=cancelled) if route.cancellable else method(body)
 
         loop = asyncio.get_running_loop()
-        stream = _Stream(loop)
-        executor.submit(stream.run, call)
         sse = _expects_sse(body)
+        stream = _Stream(loop, hand_off=sse and handoffs is not None and bool(request.headers.get(handoff.HEADER)))
+        executor.submit(stream.run, call)
         watcher = None if sse else asyncio.ensure_future(_until_disconnect(request, stream.cancel))
         try:
             if sse:  # hold the headers back briefly, so that errors found up front keep their HTTP status
@@ -203,12 +210,11 @@ def create_app(engine: Engine, *, ping_interval: float = 10.0, handoffs: handoff
             return StreamingResponse(_raw(stream, data), media_type=head.media_type, headers=head.headers)
         if isinstance(first, _Head):  # SSE: the frames follow
             first = None
-        frames = _frames(stream, first, ping_interval)
-        if handoffs is not None and request.headers.get(handoff.HEADER):
+        if stream.sink is not None and handoffs is not None:
             token, connection = handoffs.expect()
-            answer = handoff.write_stream(connection, frames, stop=stream.cancel.set)
+            answer = _handed_over(stream, stream.sink, connection, ping_interval)
             return StreamingResponse(answer, media_type="application/json", headers={handoff.HEADER: token})
-        return StreamingResponse(frames, media_type="text/event-stream")
+        return StreamingResponse(_frames(stream, first, ping_interval), media_type="text/event-stream")
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "pid": os.getpid(), "info": engine.info()})
@@ -276,6 +282,73 @@ async def _frames(stream: _Stream, first: Any, ping_interval: float) -> AsyncIte
     finally:
         timer.cancel()
         stream.cancel.set()  # the client went away (or we finished): stop the engine at its next token
+
+
+async def _handed_over(
+    stream: _Stream, sink: handoff.Sink, connection: asyncio.Future[socket.socket], ping_interval: float
+) -> AsyncIterator[bytes]:
+    """An SSE answer whose client connection the front hands over: the engine's thread writes the frames into it
+    (:class:`~lemonkit.backends.handoff.Sink`), this watches for the client leaving, fills silences with pings and
+    ends the body. Yields the front's answer, one JSON line: ``{"ended": "done" | "client" | "no connection"}``.
+
+    The front leaving cancels this (the app's disconnect watch): the engine stops and the connection is shut.
+    """
+    loop = asyncio.get_running_loop()
+    client: socket.socket | None = None
+    try:
+        try:
+            async with asyncio.timeout(handoff.WAIT):
+                client = await connection
+        except TimeoutError:
+            yield b'{"ended": "no connection"}\n'
+            return
+        await asyncio.to_thread(sink.attach, client)
+        left = asyncio.Event()
+        loop.add_reader(client.fileno(), _watch_client, client, sink, left)
+        client_left = asyncio.ensure_future(left.wait())
+        try:
+            while True:  # the queue brings no tokens here: only the end, or a late error
+                item = asyncio.ensure_future(stream.queue.get())
+                done, _ = await asyncio.wait([item, client_left], timeout=ping_interval, return_when="FIRST_COMPLETED")
+                if item not in done:
+                    item.cancel()
+                    if client_left in done:  # answered at once; the engine stops at its next step
+                        break
+                    await asyncio.to_thread(sink.ping, ping_interval)
+                    continue
+                if item.result() is _END:
+                    break
+                if isinstance(item.result(), BaseException):  # it failed after the headers went out
+                    await asyncio.to_thread(sink.write, _sse_error(item.result()))
+        finally:
+            client_left.cancel()
+        ended = "client" if sink.gone else "done"
+        if not sink.gone:
+            await asyncio.to_thread(sink.end)
+        yield json.dumps({"ended": ended}).encode() + b"\n"
+    finally:
+        if client is not None:
+            loop.remove_reader(client.fileno())
+            if not stream.done.is_set():  # cut short: a write the engine's thread is blocked in returns now
+                stream.cancel.set()
+                with contextlib.suppress(OSError):
+                    client.shutdown(socket.SHUT_RDWR)
+            client.close()
+        stream.cancel.set()
+
+
+def _watch_client(client: socket.socket, sink: handoff.Sink, left: asyncio.Event) -> None:
+    """The client's end is readable: it closed (the request was read whole; whatever else it sends is dropped)."""
+    try:
+        if client.recv(65536, socket.MSG_DONTWAIT):
+            return
+    except BlockingIOError:
+        return
+    except OSError:
+        pass
+    asyncio.get_running_loop().remove_reader(client.fileno())
+    sink.left()
+    left.set()
 
 
 def _bind(path: str) -> socket.socket:
