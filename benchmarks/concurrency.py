@@ -658,7 +658,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", default="1,2,4,8", help="stream counts, comma-separated")
     parser.add_argument("--tokens", type=int, default=96, help="tokens per stream")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per measurement; the median is shown")
     parser.add_argument("--threads", type=int, default=2, help="engine threads, every contender")
     parser.add_argument("--ctx", type=int, default=4096, help="context size, every contender (llama-server's -c)")
     parser.add_argument("--duration", type=float, default=5, help="seconds of each probe load")

@@ -3,9 +3,11 @@
 Relaying every event through the front costs it about 300 µs of Python per token, which on a small machine comes
 out of decoding. So once the front has authenticated and admitted a streaming request, sent it to the sidecar and
 had a 200 back, it writes the response's headers itself and passes the client's socket to the sidecar
-(``SCM_RIGHTS`` over a second Unix socket beside the sidecar's own). The sidecar writes the SSE body to the client
-in HTTP/1.1 chunks and, when the stream ends or the client leaves, ends its HTTP answer to the front with one JSON
-line saying which. The front holds the model until then, as it would for a relayed stream.
+(``SCM_RIGHTS`` over a second Unix socket beside the sidecar's own). The engine's thread writes the SSE body to the
+client in HTTP/1.1 chunks (:class:`Sink`), and the sidecar, when the stream ends or the client leaves, ends its HTTP
+answer to the front with one JSON line saying which. The front holds the model until then, as it would for a
+relayed stream, and the connection closes with the stream. Should the sidecar die meanwhile, the front still holds
+its copy of the socket and ends the stream with an error event.
 
 The front asks with the :data:`HEADER` request header only when it can hand the connection over (plain HTTP/1.1,
 no TLS, no compression); the sidecar agrees by answering with the same header naming a token, and the socket it
