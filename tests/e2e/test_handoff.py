@@ -41,6 +41,24 @@ async def _sidecar(client: httpx.AsyncClient) -> psutil.Process:
     return psutil.Process(loaded["pid"])
 
 
+async def _raw_stream(host: Host, version: str, body: dict) -> bytes:
+    """POST ``body`` to chat/completions over a bare socket and read until the connection closes."""
+    url = httpx.URL(host.api + "/chat/completions")
+    payload = json.dumps(body).encode()
+    head = [
+        f"POST {url.raw_path.decode()} {version}",
+        f"Host: {url.host}:{url.port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(payload)}",
+        *(f"{name}: {value}" for name, value in host.headers.items()),
+    ]
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    writer.write("\r\n".join(head).encode() + b"\r\n\r\n" + payload)
+    answer = await reader.read()
+    writer.close()
+    return answer
+
+
 async def test_the_sidecar_writes_the_stream_to_the_client(host: Host) -> None:
     async with host.client() as client:
         sidecar = await _sidecar(client)
@@ -71,19 +89,7 @@ async def test_an_http_1_0_client_gets_the_stream_relayed(host: Host) -> None:
     async with host.client() as client:
         await _sidecar(client)
         alone = (await client.post("chat/completions", json={**CHAT, "max_tokens": 40})).json()
-    url = httpx.URL(host.api + "/chat/completions")
-    payload = json.dumps({**CHAT, "max_tokens": 40, "stream": True}).encode()
-    head = [
-        f"POST {url.raw_path.decode()} HTTP/1.0",
-        f"Host: {url.host}:{url.port}",
-        "Content-Type: application/json",
-        f"Content-Length: {len(payload)}",
-        *(f"{name}: {value}" for name, value in host.headers.items()),
-    ]
-    reader, writer = await asyncio.open_connection(url.host, url.port)
-    writer.write("\r\n".join(head).encode() + b"\r\n\r\n" + payload)
-    answer = await reader.read()  # to the end: the server closes the connection
-    writer.close()
+    answer = await _raw_stream(host, "HTTP/1.0", {**CHAT, "max_tokens": 40, "stream": True})
     headers, _, body = answer.partition(b"\r\n\r\n")
     assert headers.startswith(b"HTTP/1.1 200")
     assert b"transfer-encoding" not in headers.lower()
@@ -165,19 +171,8 @@ async def test_a_handed_off_stream_counts_as_jupyter_activity(jupyter_host: Host
     async with jupyter_host.client() as client:
         await _sidecar(client)
     before = settings["api_last_activity"]
-    url = httpx.URL(jupyter_host.api + "/chat/completions")
-    payload = json.dumps({**CHAT, "max_tokens": 20, "stream": True}).encode()
-    head = [
-        f"POST {url.raw_path.decode()} HTTP/1.1",
-        f"Host: {url.host}:{url.port}",
-        "Content-Type: application/json",
-        f"Content-Length: {len(payload)}",
-        *(f"{name}: {value}" for name, value in jupyter_host.headers.items()),
-    ]
-    reader, writer = await asyncio.open_connection(url.host, url.port)
-    writer.write("\r\n".join(head).encode() + b"\r\n\r\n" + payload)
-    answer = await reader.read()  # until both the sidecar and the server have closed the connection
-    writer.close()
+    # read until both the sidecar and the server have closed the connection
+    answer = await _raw_stream(jupyter_host, "HTTP/1.1", {**CHAT, "max_tokens": 20, "stream": True})
     assert b"connection: close" in answer.partition(b"\r\n\r\n")[0].lower()  # handed off
     assert answer.endswith(b"0\r\n\r\n")
     assert settings["api_last_activity"] > before
