@@ -106,6 +106,8 @@ def test_an_interrupted_run_returns_its_finished_items(standalone: Standalone) -
         """
         import json, os, signal, lemonkit
 
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # even if our parent ran us with SIGINT ignored
+
         def prompt(i):
             if i == 3:
                 os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C or the kernel's stop button would
