@@ -94,8 +94,13 @@ class Handoffs:
     async def _receive(self, channel: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         with channel:
-            readable = loop.create_future()
-            loop.add_reader(channel, readable.set_result, None)
+            readable: asyncio.Future[None] = loop.create_future()
+
+            def ready() -> None:
+                if not readable.done():
+                    readable.set_result(None)
+
+            loop.add_reader(channel, ready)
             try:
                 async with asyncio.timeout(WAIT):
                     await readable
