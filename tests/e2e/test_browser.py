@@ -267,10 +267,12 @@ def test_quickstart_in_jupyterlab(quickstart_root: tuple[Path, dict[str, str], H
 
 
 def check_streamed_chat(page: Any) -> None:
-    """The chat cell's output grew several times while the answer streamed, then held the whole answer."""
+    """The chat cell's output showed part of the answer while it streamed, then held the whole answer. (How many
+    partial states the browser shows depends on the machine's speed: redraws are throttled to 10 per second, and a
+    fast model answers the quickstart's question in a few of them.)"""
     lengths = page.evaluate("() => window.__chatLengths")
-    growing = [n for n in lengths if n > 0]
-    assert len(growing) >= 3 and growing[:3] == sorted(growing[:3]), lengths  # token by token, in one output
+    shown = [n for n in lengths if n > 0]
+    assert len(shown) >= 2 and shown[0] < max(shown), lengths  # a partial answer first, in one output
     cell = page.locator(".jp-CodeCell", has_text='lemonkit.chat("Explain entropy')
     outputs = cell.locator(".jp-OutputArea-output")
     assert outputs.count() == 1 and len((outputs.text_content() or "").split()) >= 5
