@@ -17,8 +17,6 @@ then receives is matched to the waiting answer by that token.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import secrets
 import socket
 import threading
@@ -61,29 +59,15 @@ async def hand_over(path: str, token: str, connection: socket.socket) -> None:
 class Handoffs:
     """The sidecar's end: a listener receiving client connections, and the answers waiting for them."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._waiting: dict[str, asyncio.Future[socket.socket]] = {}
-        self._listener: socket.socket | None = None
-        self._receiving: set[asyncio.Task[None]] = set()
-
-    def listen(self) -> None:
-        """Create the listening socket (0600, like the sidecar's own)."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)
-        try:
-            listener.bind(self.path)
-        finally:
-            os.umask(old_umask)
-        listener.listen(64)
+    def __init__(self, listener: socket.socket) -> None:
+        """``listener``: a Unix socket listening at :func:`path_for` the sidecar's socket (0600, as that one is)."""
         listener.setblocking(False)
         self._listener = listener
+        self._waiting: dict[str, asyncio.Future[socket.socket]] = {}
+        self._receiving: set[asyncio.Task[None]] = set()
 
     async def serve(self) -> None:
         """Accept hand-overs until cancelled."""
-        assert self._listener is not None, "listen() first"
         loop = asyncio.get_running_loop()
         while True:
             channel, _ = await loop.sock_accept(self._listener)

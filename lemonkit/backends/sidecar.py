@@ -391,8 +391,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
     sock = _bind(args.socket)
-    handoffs = handoff.Handoffs(handoff.path_for(args.socket))
-    handoffs.listen()
+    handoffs = handoff.Handoffs(_bind(handoff.path_for(args.socket)))
     app = create_app(engine, ping_interval=args.ping_interval, handoffs=handoffs)
 
     class Server(uvicorn.Server):

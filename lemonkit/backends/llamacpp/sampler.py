@@ -95,12 +95,11 @@ class SeqSampler:
         return token
 
     def _load_logits(self, ctx: Any, idx: int) -> None:
-        import numpy as np
 
         # Samplers may repoint ``data`` and shrink ``size``: reset the whole array each time.
         cand, cur = self._cand, self._cur
         cand["id"] = self._ids
-        cand["logit"] = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(ctx, idx), shape=(self._n_vocab,))
+        cand["logit"] = self._logits(ctx, idx)
         cand["p"] = 0.0
         cur.data, cur.size, cur.selected, cur.sorted = self._cand_ptr, self._n_vocab, -1, False
 
