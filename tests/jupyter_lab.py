@@ -104,8 +104,11 @@ class Notebook:
         """Save the notebook (a reloaded page shows what was saved, its widgets rendered from the kernel)."""
         page = self.page
         page.locator(".jp-NotebookPanel").first.click(position={"x": 5, "y": 5})
-        page.keyboard.press("Control+s")
-        page.wait_for_selector(".jp-Document.jp-mod-dirty", state="detached", timeout=60_000)
+        with page.expect_response(
+            lambda r: r.request.method == "PUT" and f"/api/contents/{self.path}" in r.url, timeout=60_000
+        ) as saved:
+            page.keyboard.press("Control+s")
+        assert saved.value.ok, saved.value.status  # written: a reload now reads what was saved
 
     def run_all(self) -> None:
         """Run → Run All Cells (cells queue until the kernel is up)."""

@@ -192,12 +192,15 @@ def check_chat(page: Any) -> None:
         timeout=TIMEOUT,
     )
     first = live.inner_text()
+    stop = panel.get_by_role("button", name="Stop generating")
+    where = stop.bounding_box()
     page.wait_for_function(
         "n => (document.querySelector('.lk-chat-panel .lk-live .lk-content')?.textContent || '').length > n",
         arg=len(first),
         timeout=TIMEOUT,
     )  # more tokens arrived: it streams
-    panel.get_by_role("button", name="Stop generating").click()
+    assert stop.bounding_box() == where  # the growing answer does not push Stop from under the pointer
+    stop.click()
     page.wait_for_selector('.lk-chat-panel[data-streaming="false"] .lk-assistant .lk-note', timeout=TIMEOUT)
     answer = panel.locator(".lk-assistant:not(.lk-live)").last
     assert answer.locator(".lk-note").inner_text() == "stopped"
