@@ -391,9 +391,13 @@ class ModelManager:
         closing.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
-        await self.unload()
-        for task in (*self._loading.values(), *self._captures):
+        loading = list(self._loading.values())
+        for task in loading:
             task.cancel()
+        await asyncio.gather(*loading, return_exceptions=True)  # each kills the sidecar it was starting
+        await self.unload()
+        for capture in self._captures:
+            capture.cancel()
         shutil.rmtree(self._run_dir, ignore_errors=True)
 
     # -- internals -----------------------------------------------------------------------------------------------
@@ -502,12 +506,12 @@ class ModelManager:
                 line = await process.stdout.readline()
         except TimeoutError:
             line = b""
-            process.kill()
+        except asyncio.CancelledError:  # the server is closing: the sidecar must not outlive its load
+            await _end(process)
+            raise
         message = json.loads(line) if line.strip() else {}
         if not message.get("ready"):
-            if process.returncode is None:
-                process.kill()
-            await process.wait()
+            await _end(process)
             await asyncio.wait([stderr_task], timeout=5)  # the pipe's last lines, now that the process is gone
             reason = (message.get("error") or {}).get("message") or " | ".join(stderr_tail)
             raise ModelLoadError(f"Failed to load {info.id}: {reason or 'the engine process exited'}")
@@ -536,8 +540,7 @@ class ModelManager:
                 async with asyncio.timeout(5):
                     await process.wait()
             except TimeoutError:
-                process.kill()
-                await process.wait()
+                await _end(process)
         if model.stderr_task is not None:
             await asyncio.wait([model.stderr_task], timeout=1)  # its last lines reach the log before "unloaded"
         await model.client.aclose()
@@ -546,6 +549,13 @@ class ModelManager:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
         log.info("unloaded %s", model.name)
+
+
+async def _end(process: asyncio.subprocess.Process) -> None:
+    """Kill ``process`` unless it has exited, and reap it."""
+    if process.returncode is None:
+        process.kill()
+    await process.wait()
 
 
 def _replace_options(info: ModelInfo, options: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:

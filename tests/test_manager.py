@@ -1,0 +1,40 @@
+"""The model manager on its own, in this process: what closing it leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import psutil
+from conftest import TINY
+from waiting import until
+
+from lemonkit.config import Settings
+from lemonkit.errors import ModelLoadError
+from lemonkit.manager import ModelManager
+from lemonkit.registry import Registry
+
+
+async def test_closing_while_a_model_loads_leaves_no_sidecar() -> None:
+    """A sidecar still starting when the manager closes is killed and reaped, not left running (a Jupyter server's
+    loop goes on after its extension stops; an orphan would hold its model until the process exits)."""
+    settings = Settings()
+    manager = ModelManager(settings, Registry(settings.cache_dir))
+    me = psutil.Process()
+
+    async def sidecar() -> psutil.Process | None:
+        children = [p for p in me.children() if "lemonkit.backends.sidecar" in " ".join(p.cmdline())]
+        return children[0] if children else None
+
+    loading = asyncio.ensure_future(manager.load(TINY))
+    process = await until(sidecar, "the sidecar to start")
+    os.kill(process.pid, signal.SIGSTOP)  # it cannot announce itself ready now: the load stays under way
+    try:
+        await manager.close()
+        outcome = (await asyncio.gather(loading, return_exceptions=True))[0]
+        assert isinstance(outcome, (asyncio.CancelledError, ModelLoadError)), outcome
+        assert not psutil.pid_exists(process.pid)  # killed, and reaped by the manager
+    finally:
+        if psutil.pid_exists(process.pid):
+            process.kill()
