@@ -95,7 +95,6 @@ class SeqSampler:
         return token
 
     def _load_logits(self, ctx: Any, idx: int) -> None:
-
         # Samplers may repoint ``data`` and shrink ``size``: reset the whole array each time.
         cand, cur = self._cand, self._cur
         cand["id"] = self._ids
