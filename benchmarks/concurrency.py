@@ -2,7 +2,7 @@
 
     python benchmarks/concurrency.py [--streams 1,2,4,8] [--tokens 96] [--rounds 3] [--threads 2] [--ctx 4096]
                                      [--duration 5] [--sections streams,single,kernels,probe,embed] [--build-only]
-                                     [--lemonkit-args "--no-batch-invariant"]
+                                     [--lemonkit-args "--no-batch-invariant"] [--llama-server-huge-pages]
 
 Everything on the bundled Gemma 3 270M (``Gemma-3-270m-GGUF``), ``--threads`` engine threads, the same GGUF and
 context size for every contender, greedy sampling, the same prompt:
@@ -11,8 +11,11 @@ streams: the aggregate tok/s of N concurrent streamed completions (every token o
     first request to the last token) through ``lemonkit serve`` (loaded with ``llamacpp_args="--parallel N -t T"``;
     an engine without continuous batching ignores ``--parallel`` and serves the streams one after another) against
     the same N streams through ``llama-server --parallel N``. Medians over rounds, the contenders interleaved.
+    lemonkit's sidecar reads the weights into huge pages; llama-server maps the GGUF in 4 KiB pages, unless
+    ``--llama-server-huge-pages`` gives it the same (``--load-mode none``, glibc's ``malloc.hugetlb``).
 single: one stream's decode rate (first token to last, at the client) through lemonkit against
-    ``llama_cpp.Llama.create_completion(stream=True)`` in this process, built as the sidecar builds it. Two clients:
+    ``llama_cpp.Llama.create_completion(stream=True)`` in this process, built as the sidecar builds it (the
+    benchmark re-runs itself with the sidecar's memory settings first: ``benchmarks/sidecar_memory.py``). Two clients:
     httpx, parsing each event as it arrives, and a bare socket that only timestamps what it receives and parses
     after the stream (the client runs on the same cores as the engine: its cost is part of what it measures); and
     the bare client on the sidecar's own Unix socket, which shows what the server's hop costs.
@@ -64,6 +67,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' helpers, as benchmarks/shared.py does
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # what they import (processes.py)
+from sidecar_memory import run_as_sidecar, server_env
+
+from lemonkit.backends import sidecar_env
 from tests.llama_cpp_server import free_port
 
 PROMPT = "The history of the printing press begins"
@@ -171,7 +177,7 @@ class Lemonkit:
     def __init__(self, home: Path, threads: int, ctx: int, extra: str = "") -> None:
         self.threads, self.ctx, self.extra = threads, ctx, extra
         self.cache = home / "lemonkit-cache"
-        env = {**os.environ, "LEMONADE_CACHE_DIR": str(self.cache), "HF_HUB_OFFLINE": "1"}
+        env = {**server_env(), "LEMONADE_CACHE_DIR": str(self.cache), "HF_HUB_OFFLINE": "1"}
         env.pop("LEMONADE_API_KEY", None)
         port = free_port()
         command = [sys.executable, "-m", "lemonkit.cli", "serve", "--port", str(port), "--log-level", "warning"]
@@ -201,12 +207,18 @@ class Lemonkit:
         return Path(registry.resolve(registry.get(GEMMA)).main)
 
 
-def _llama_server(binary: Path, gguf: Path, parallel: int, threads: int, ctx: int) -> Contender:
+def _llama_server(
+    binary: Path, gguf: Path, parallel: int, threads: int, ctx: int, *, huge_pages: bool = False
+) -> Contender:
     port = free_port()
     command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads)]
     command += ["-tb", str(threads), "-c", str(ctx), "--parallel", str(parallel), "-b", "512", "-ub", "512"]
     command += ["-fa", "on", "--no-webui"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = server_env()
+    if huge_pages:  # what lemonkit's sidecar does: the weights read in (not mapped), glibc's malloc on huge pages
+        command += ["--load-mode", "none"]
+        env = sidecar_env("llamacpp", env)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     contender = Contender("llama-server", f"{base}/v1", f"{base}/health", process, "gemma")
     _wait_ready(contender.probe, process)
@@ -636,7 +648,7 @@ def _against_servers(home: Path, binary: Path | None, sections: list[str], args:
         if binary is not None:
 
             def server(n: int) -> Contender:
-                return _llama_server(binary, gguf, n, args.threads, args.ctx)
+                return _llama_server(binary, gguf, n, args.threads, args.ctx, huge_pages=args.llama_server_huge_pages)
 
         if "streams" in sections:
             bench_streams(lk, server, [int(n) for n in args.streams.split(",")], args)
@@ -666,6 +678,11 @@ def main() -> None:
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
     parser.add_argument("--no-llama-server", action="store_true", help="skip (and do not build) llama-server")
     parser.add_argument("--lemonkit-args", default="", help="more llamacpp_args for lemonkit (--no-batch-invariant)")
+    parser.add_argument(
+        "--llama-server-huge-pages",
+        action="store_true",
+        help="llama-server with lemonkit's memory settings: --load-mode none, glibc's malloc on huge pages",
+    )
     parser.add_argument("--build-only", action="store_true", help="build llama-server if needed, then exit")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -676,6 +693,7 @@ def main() -> None:
     if args.build_only:
         print(llama_server_binary() or "no llama-server")
         return
+    run_as_sidecar()  # the single, kernels and embed sections build the engine in this process
     print(f"load averages at start: {_loadavg()}")
     wanted = not args.no_llama_server and {"streams", "probe"} & set(sections)
     binary = llama_server_binary() if wanted else None

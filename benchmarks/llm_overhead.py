@@ -4,7 +4,7 @@
 
 Runs, interleaved round by round so that machine noise hits every contender alike:
 - direct: ``llama_cpp.Llama.create_completion(stream=True)`` and the bare ``generate`` loop, in this process, with the
-  engine's own defaults (physical cores, flash attention);
+  engine's own defaults (physical cores, flash attention, weights on huge pages: ``benchmarks/sidecar_memory.py``);
 - standalone: ``lemonkit serve`` in a subprocess, ``POST /api/v1/completions`` streamed;
 - jupyter: ``jupyter server`` with the extension, ``POST /lemonkit/api/v1/completions`` streamed.
 Same model (the bundled Gemma 3 270M), prompt, greedy sampling and token count. Decode rate is
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sidecar_memory import run_as_sidecar, server_env
 
 PROMPT = "The history of the printing press begins"
 BENCH_HOME = Path(tempfile.gettempdir(), f"lemonkit-bench-{os.getpid()}")  # made by main(), removed after
@@ -202,10 +203,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
     args = parser.parse_args()
+    run_as_sidecar()  # the direct runs build the engine in this process
 
     tiny = _setup_models()
     env = {
-        **os.environ,
+        **server_env(),
         "HF_HUB_CACHE": str(HF_CACHE),
         "HF_HUB_OFFLINE": "1",
         "LEMONADE_CACHE_DIR": str(CACHE),

@@ -43,6 +43,25 @@ def _choice(table: dict[str, int]) -> Callable[[str], int]:
     return convert
 
 
+#: llama-server's --load-mode -> the Llama() kwargs it sets; auto keeps the engine's default (weights read into huge
+#: pages). llama-cpp-python's loader offers no direct I/O (dio).
+_LOAD_MODES: dict[str, dict[str, bool]] = {
+    "auto": {},
+    "none": {"use_mmap": False, "use_mlock": False},
+    "mmap": {"use_mmap": True, "use_mlock": False},
+    "mlock": {"use_mmap": False, "use_mlock": True},
+    "mmap+mlock": {"use_mmap": True, "use_mlock": True},
+}
+#: settings a flag replaces besides its own, when llamacpp_args strings are merged
+_COVERS = {"load_mode": frozenset({"use_mmap", "use_mlock"})}
+
+
+def _load_mode(value: str) -> dict[str, bool]:
+    if value not in _LOAD_MODES:
+        raise ValueError(f"one of {', '.join(_LOAD_MODES)}")
+    return _LOAD_MODES[value]
+
+
 def _on_off(value: str) -> bool:
     v = value.lower()
     if v in ("on", "true", "1", "auto", "enabled"):
@@ -76,6 +95,7 @@ for _names, _key, _conv in (
     (("--pooling",), "pooling_type", _choice(_POOLING)),
     (("--chat-template",), "chat_template", str),
     (("-np", "--parallel"), "n_parallel", int),  # requests generated together (continuous batching)
+    (("-lm", "--load-mode"), "load_mode", _load_mode),  # llama-server's successor of --[no-]mmap and --mlock
 ):
     for _name in _names:
         _VALUE_FLAGS[_name] = (_key, _conv)
@@ -187,7 +207,14 @@ def parse_llamacpp_args(args: str) -> dict[str, Any]:
     Raises:
         InvalidArgument: An unknown or forbidden flag, or a bad value.
     """
-    out = {flag.key: flag.value for flag in _split_llamacpp_args(args)}
+    out: dict[str, Any] = {}
+    for flag in _split_llamacpp_args(args):
+        if flag.key == "load_mode":
+            for key in _COVERS["load_mode"]:
+                out.pop(key, None)
+            out.update(flag.value)
+        else:
+            out[flag.key] = flag.value
     out.pop("_ignored", None)
     return out
 
@@ -196,8 +223,8 @@ def merge_llamacpp_args(base: str, override: str) -> str:
     """``base`` flags (the server's) merged with ``override`` flags (a model's), flag by flag.
 
     A flag of ``base`` is dropped when ``override`` sets the same thing under any spelling (``-t 2`` replaces
-    ``--threads 4``, ``--mmap`` replaces ``--no-mmap``); the rest are kept, before ``override``'s flags (so the
-    engine's last-wins parse agrees with the merge).
+    ``--threads 4``, ``--mmap`` replaces ``--no-mmap``, ``--load-mode`` replaces both and ``--mlock``); the rest are
+    kept, before ``override``'s flags (so the engine's last-wins parse agrees with the merge).
 
     Returns:
         The merged flags; ``override`` or ``base`` unchanged when the other is empty.
@@ -209,5 +236,6 @@ def merge_llamacpp_args(base: str, override: str) -> str:
     if not theirs or not mine:
         return override if mine else base
     replaced = {flag.setting for flag in mine}
+    replaced |= {covered for setting in replaced for covered in _COVERS.get(setting, ())}
     kept = [word for flag in theirs if flag.setting not in replaced for word in flag.words]
     return shlex.join(kept + [word for flag in mine for word in flag.words])

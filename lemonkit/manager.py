@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from lemonkit import logs
-from lemonkit.backends import handoff, remote
+from lemonkit.backends import handoff, remote, sidecar_env
 from lemonkit.backends.base import NO_STATS, LoadSpec
 from lemonkit.backends.transport import connect
 from lemonkit.config import Settings
@@ -493,6 +493,7 @@ class ModelManager:
             socket_path,
             "--ping-interval",
             str(self.settings.ping_interval),
+            env=sidecar_env(spec["recipe"]),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

@@ -42,6 +42,19 @@ def test_parse_llamacpp_args():
             parse_llamacpp_args(bad)
 
 
+def test_load_mode_sets_mmap_and_mlock_in_order() -> None:
+    # llama-server's --load-mode replaced --[no-]mmap and --mlock; either spelling works, the last one wins
+    assert parse_llamacpp_args("-lm none") == {"use_mmap": False, "use_mlock": False}
+    assert parse_llamacpp_args("--load-mode=mmap+mlock") == {"use_mmap": True, "use_mlock": True}
+    assert parse_llamacpp_args("--mlock -lm mmap") == {"use_mmap": True, "use_mlock": False}
+    assert parse_llamacpp_args("-lm mlock --mmap") == {"use_mmap": True, "use_mlock": True}
+    assert parse_llamacpp_args("--no-mmap -lm auto -t 2") == {"n_threads": 2}  # auto: the engine's default
+    assert merge_llamacpp_args("--no-mmap --mlock -t 4", "-lm mmap") == "-t 4 -lm mmap"
+    assert merge_llamacpp_args("-lm mlock", "--mmap") == "-lm mlock --mmap"
+    with pytest.raises(InvalidArgument, match=r"bad value 'dio' for -lm \(one of auto, none, mmap, mlock"):
+        parse_llamacpp_args("-lm dio")
+
+
 def test_one_forbidden_list() -> None:
     assert schemas.FORBIDDEN_LLAMACPP_FLAGS is llamacpp_args.FORBIDDEN_LLAMACPP_FLAGS
     # a forbidden flag is not also one the parser would take

@@ -156,7 +156,7 @@ def test_info_defaults(engine: LlamaCppEngine):
     info = engine.info()
     assert info["ctx_size"] == 4096 and info["n_ctx_train"] == 4096  # trained context, capped at 4096
     assert info["n_threads"] == 2 and info["flash_attn"] is True and info["device"] == "cpu"
-    assert info["chat_template"] == "jinja"
+    assert info["chat_template"] == "jinja" and info["mmap"] is False  # weights read in, onto huge pages
 
 
 def test_load_options_apply(tiny_path: Path):
@@ -164,12 +164,13 @@ def test_load_options_apply(tiny_path: Path):
         {
             "model_path": str(tiny_path),
             "type": "llm",
-            "options": {"ctx_size": 512, "llamacpp_args": "-t 1 -b 64 --flash-attn off --temp 0"},
+            "options": {"ctx_size": 512, "llamacpp_args": "-t 1 -b 64 --flash-attn off --temp 0 --mmap"},
         }
     )
     try:
         info = e.info()
         assert (info["ctx_size"], info["n_threads"], info["n_batch"], info["flash_attn"]) == (512, 1, 64, False)
+        assert info["mmap"] is True
         # --temp 0 became the default: two unseeded requests agree
         assert text_of(chat(e, max_tokens=12)) == text_of(chat(e, max_tokens=12))
     finally:

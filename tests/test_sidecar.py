@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lemonkit.backends import handoff
+from lemonkit.backends import handoff, sidecar_env
 
 LAUNCH = (
     "import sys; sys.path.insert(0, {tests!r}); import lemonkit.backends as b; "
@@ -172,3 +172,14 @@ def test_a_connection_for_no_waiting_answer_is_closed(sidecar: tuple[httpx.Clien
     theirs.close()
     assert _read_all(ours) == b""  # the sidecar closed the one copy left
     assert client.get("/health").json()["status"] == "ok"
+
+
+def test_sidecar_env_asks_for_huge_pages_for_llamacpp_only() -> None:
+    assert sidecar_env("llamacpp", {"PATH": "/bin"}) == {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    joined = sidecar_env("llamacpp", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert joined["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    # the operator's own choice stands, and an engine not measured on huge pages keeps the server's environment
+    assert sidecar_env("llamacpp", {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) == {
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"
+    }
+    assert sidecar_env("kokoro", {"PATH": "/bin"}) == {"PATH": "/bin"}

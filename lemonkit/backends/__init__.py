@@ -11,9 +11,17 @@ inference library, only the sidecar does.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
-__all__ = ["RECIPES", "engine_class"]
+__all__ = ["RECIPES", "engine_class", "sidecar_env"]
+
+#: glibc's malloc asks for transparent huge pages on the memory it maps (glibc 2.35 on; ignored before, and where the
+#: kernel's THP mode is ``never``)
+_HUGE_PAGES = "glibc.malloc.hugetlb=1"
+#: recipes whose weights measured faster on huge pages: llama.cpp's decode walks every weight each token, and 4 KiB
+#: pages cost it TLB misses (Gemma 3 270M on 2 threads: +10-15% tok/s on one stream, +4% on four)
+_HUGE_PAGE_RECIPES = frozenset({"llamacpp"})
 
 #: recipe -> "module:Class" of its engine adapter
 RECIPES: dict[str, str] = {
@@ -36,3 +44,16 @@ def engine_class(recipe: str) -> Any:
     """
     module, _, name = RECIPES[recipe].partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def sidecar_env(recipe: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a sidecar serving ``recipe``: the server's, with huge pages for the weights of the recipes
+    that measured faster on them.
+
+    A ``glibc.malloc.hugetlb`` tunable the operator set in ``GLIBC_TUNABLES`` wins.
+    """
+    env = dict(os.environ if environ is None else environ)
+    tunables = env.get("GLIBC_TUNABLES", "")
+    if recipe in _HUGE_PAGE_RECIPES and "glibc.malloc.hugetlb" not in tunables:
+        env["GLIBC_TUNABLES"] = f"{tunables}:{_HUGE_PAGES}" if tunables else _HUGE_PAGES
+    return env

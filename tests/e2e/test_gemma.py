@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import platform
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -39,6 +41,44 @@ CLOCK = {
     },
 }
 TOOLS = {"get_weather": WEATHER, "get_time": CLOCK}
+
+
+def _huge_pages_possible() -> bool:
+    """glibc asks for transparent huge pages from 2.35 on, and the kernel grants them unless its mode is never."""
+    libc, version = platform.libc_ver()
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if libc != "glibc" or tuple(map(int, version.split(".")[:2])) < (2, 35) or not mode.exists():
+        return False
+    return "[never]" not in mode.read_text()
+
+
+def _memory(pid: int) -> tuple[set[str], int]:
+    """The GGUF files a process maps, and its anonymous memory on huge pages, in bytes."""
+    mapped = {line.split()[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if ".gguf" in line}
+    huge = next(line for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines() if "AnonHuge" in line)
+    return mapped, int(huge.split()[1]) * 1024
+
+
+async def test_gemma_weights_are_read_into_huge_pages_unless_mmap_is_asked(host: Host) -> None:
+    """The sidecar reads the weights into memory its malloc backs with huge pages (faster decoding than 4 KiB pages
+    of the mapped file); ``--mmap`` maps the file instead."""
+    async with host.client() as client:
+        pids = []
+        for args in ("--mmap", ""):
+            response = await client.post("load", json={"model_name": GEMMA, "llamacpp_args": args})
+            assert response.status_code == 200, response.text
+            (loaded,) = (await client.get("health")).json()["all_models_loaded"]
+            pids.append(loaded["pid"])
+            if args:
+                (gguf,) = _memory(loaded["pid"])[0]
+            else:
+                mapped, huge = _memory(loaded["pid"])
+                assert not mapped
+                if _huge_pages_possible():
+                    # the weights themselves, not only the KV cache and compute buffers
+                    assert huge >= 0.8 * Path(gguf).stat().st_size
+        await client.post("unload", json={"model_name": GEMMA})
+    assert pids[0] != pids[1]  # the second load started a sidecar of its own
 
 
 async def test_gemma_completion_is_real_text(host: Host) -> None:

@@ -115,6 +115,9 @@ class LlamaCppEngine:
             "n_batch": DEFAULT_N_BATCH,
             "n_ubatch": DEFAULT_N_BATCH,
             "flash_attn": True,  # llama-server's "auto" on CPU; +10% tok/s measured on gemma-270m
+            # Weights read into memory the sidecar's malloc backs with huge pages (see backends.sidecar_env), not
+            # mapped from the file in 4 KiB pages: +10-15% tok/s on one stream measured on gemma-270m. --mmap maps.
+            "use_mmap": False,
             "verbose": False,
         }
         if self.kind != "llm":
@@ -229,6 +232,7 @@ class LlamaCppEngine:
             "n_threads": self._kwargs["n_threads"],
             "n_batch": self._kwargs["n_batch"],
             "flash_attn": bool(self._kwargs["flash_attn"]),
+            "mmap": bool(self._kwargs["use_mmap"]),
             "batch_invariant": self.batch_invariant,
             "device": "cpu",
             "vision": self._vision is not None,
