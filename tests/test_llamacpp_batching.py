@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from lemonkit.backends.llamacpp import LlamaCppEngine
+from lemonkit.backends.llamacpp.step_costs import StepCosts
 from lemonkit.errors import InvalidArgument, ModelLoadError
 from lemonkit.testing.tiny_gguf import write_tiny_llama
 
@@ -153,6 +154,34 @@ def test_answers_do_not_depend_on_the_batch_or_on_earlier_requests(tiny_path: Pa
         cached = _complete(engine, target, **probe)
         assert cached["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
         assert cached["choices"] == first["choices"]
+    finally:
+        engine.close()
+
+
+class _AlwaysSplit(StepCosts):
+    """Every generation step decoded one row at a time, and each plan counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plans: list[tuple[int, ...]] = []
+
+    def plan(self, rows: int) -> tuple[int, ...]:
+        self.plans.append((1,) * rows)
+        return self.plans[-1]
+
+
+def test_a_step_split_into_several_decodes_answers_the_same(tiny_path: Path) -> None:
+    """The batcher may decode a step's rows in parts (when that measured faster, see StepCosts): each part's rows
+    sample from their own decode's logits, and every answer stays what it is in one decode."""
+    engine = _engine(tiny_path, "--parallel 4 -b 64")
+    try:
+        probe = {"temperature": 0.9, "seed": 5}
+        prompts = ["the quick brown fox", "jumps over", "the lazy dog " * 5, "a b c"]
+        whole = _together(engine, prompts, **probe)
+        split = _AlwaysSplit()
+        engine._gen._batcher.costs = split
+        assert [r["choices"] for r in _together(engine, prompts, **probe)] == [r["choices"] for r in whole]
+        assert (1, 1, 1, 1) in split.plans  # the four were generating together, in four decodes
     finally:
         engine.close()
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from lemonkit.backends.base import Cancelled
 from lemonkit.backends.llamacpp.sampler import SeqSampler
+from lemonkit.backends.llamacpp.step_costs import StepCosts
 
 if TYPE_CHECKING:
     from lemonkit.backends.llamacpp.generation import Job
@@ -183,6 +184,8 @@ class Batcher:
         self.pads_single_rows = False
         #: a removal left free cells below others' cells: compact before the next decode (see _compact)
         self._compact_due = False
+        #: generation steps' decode times by rows, which decide when a step decodes in parts
+        self.costs = StepCosts()
         self._thread = threading.Thread(target=self._loop, name="llama-decode", daemon=True)
         self._thread.start()
 
@@ -354,15 +357,18 @@ class Batcher:
                 self._end(slot, End("cancelled"))
         if not self._order:
             return
+        generating = [slot for slot in self._order if slot.last >= 0]
+        if generating and not any(slot.last < 0 and slot.pending for slot in self._order):
+            self._generate(generating)
+            return
         n = 0
         planned: list[tuple[_Slot, list[int]]] = []
-        for slot in self._order:
-            if slot.last >= 0:
-                self._fill(n, [slot.last], slot.n_past, slot.id)
-                self._logits[n] = 1
-                slot.idx = n
-                planned.append((slot, [slot.last]))
-                n += 1
+        for slot in generating:
+            self._fill(n, [slot.last], slot.n_past, slot.id)
+            self._logits[n] = 1
+            slot.idx = n
+            planned.append((slot, [slot.last]))
+            n += 1
         for slot in self._order:
             if slot.last >= 0 or not slot.pending:
                 continue
@@ -377,13 +383,37 @@ class Batcher:
                 self._logits[slot.idx] = 1
             planned.append((slot, part))
             n += len(part)
+        self._run(planned, n)
+
+    def _generate(self, slots: list[_Slot]) -> None:
+        """A step of generating slots only: one decode, or several when that measured faster (StepCosts)."""
+        plan = self.costs.plan(len(slots))
+        started = time.perf_counter()
+        start = 0
+        for size in plan:
+            group = [slot for slot in slots[start : start + size] if slot.seq is not None]
+            start += size
+            for n, slot in enumerate(group):
+                self._fill(n, [slot.last], slot.n_past, slot.id)
+                self._logits[n] = 1
+                slot.idx = n
+            if group and not self._run([(slot, [slot.last]) for slot in group], len(group)):
+                return
+        self.costs.record(plan, time.perf_counter() - started)
+
+    def _run(self, planned: list[tuple[_Slot, list[int]]], n: int) -> bool:
+        """Decode the first ``n`` rows of the batch, holding ``planned``, and sample every slot that is due.
+
+        Returns:
+            Whether the decode went through (if not, room was made for the next step).
+        """
         rc = self._decode(n)
         if rc != 0:
             for slot, _ in planned:
                 self._seq_rm(slot.id, slot.n_past)  # a failed decode may leave part of a batch behind
                 slot.idx = -1
             self._make_room(rc)
-            return
+            return False
         now = time.perf_counter()
         for slot, part in planned:
             slot.tokens.extend(part)
@@ -396,6 +426,7 @@ class Batcher:
                 slot.seq.prefilled_at = now
                 slot.seq.run.prompt_ms = (now - slot.t_admit) * 1000.0
             self._sample(slot)
+        return True
 
     def _sample(self, slot: _Slot) -> None:
         seq, sampler = slot.seq, slot.sampler
