@@ -1,10 +1,10 @@
-"""Run a benchmark's in-process engine under the memory settings of lemonkit's llama.cpp sidecars.
+"""Run a benchmark's in-process engine under the settings of lemonkit's llama.cpp sidecars.
 
-A sidecar's glibc backs its large allocations with transparent huge pages (:func:`lemonkit.backends.sidecar_env`),
-and the engine reads the weights into them. glibc reads that setting when a process starts, so a benchmark that
-builds the engine in its own process, "as the sidecar builds it", re-runs itself with it first
-(:func:`run_as_sidecar`); the servers it starts get the environment it was started with (:func:`server_env`), as a
-user's would.
+A sidecar's glibc backs its large allocations with transparent huge pages, and the engine reads the weights into
+them; its OpenMP workers spin briefly (:func:`lemonkit.backends.sidecar_env`). glibc and libgomp read those settings
+when a process starts, so a benchmark that builds the engine in its own process, "as the sidecar builds it", re-runs
+itself with them first (:func:`run_as_sidecar`); the servers it starts get the environment it was started with
+(:func:`server_env`), as a user's would.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from lemonkit.backends import sidecar_env
 
 __all__ = ["run_as_sidecar", "server_env"]
 
-_STARTED_WITH = "LEMONKIT_BENCH_GLIBC_TUNABLES"  # the caller's GLIBC_TUNABLES (JSON: null when unset)
+_STARTED_WITH = "LEMONKIT_BENCH_STARTED_WITH"  # what run_as_sidecar changed, as it was (JSON; null: unset)
 
 
 def run_as_sidecar() -> None:
@@ -25,7 +25,7 @@ def run_as_sidecar() -> None:
     env = sidecar_env("llamacpp")
     if _STARTED_WITH in os.environ or env == dict(os.environ):
         return
-    env[_STARTED_WITH] = json.dumps(os.environ.get("GLIBC_TUNABLES"))
+    env[_STARTED_WITH] = json.dumps({key: os.environ.get(key) for key in env if env[key] != os.environ.get(key)})
     sys.stdout.flush()
     os.execve(sys.executable, sys.orig_argv, env)
 
@@ -33,10 +33,9 @@ def run_as_sidecar() -> None:
 def server_env() -> dict[str, str]:
     """This process's environment as it was before :func:`run_as_sidecar`."""
     env = dict(os.environ)
-    if _STARTED_WITH in env:
-        started_with = json.loads(env.pop(_STARTED_WITH))
-        if started_with is None:
-            env.pop("GLIBC_TUNABLES", None)
+    for key, value in json.loads(env.pop(_STARTED_WITH, "{}")).items():
+        if value is None:
+            env.pop(key, None)
         else:
-            env["GLIBC_TUNABLES"] = started_with
+            env[key] = value
     return env

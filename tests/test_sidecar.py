@@ -174,12 +174,16 @@ def test_a_connection_for_no_waiting_answer_is_closed(sidecar: tuple[httpx.Clien
     assert client.get("/health").json()["status"] == "ok"
 
 
-def test_sidecar_env_asks_for_huge_pages_for_llamacpp_only() -> None:
-    assert sidecar_env("llamacpp", {"PATH": "/bin"}) == {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+def test_sidecar_env_asks_for_huge_pages_and_a_short_spin_for_llamacpp_only() -> None:
+    assert sidecar_env("llamacpp", {"PATH": "/bin"}) == {
+        "PATH": "/bin",
+        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
+        "GOMP_SPINCOUNT": "10000",
+    }
     joined = sidecar_env("llamacpp", {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
     assert joined["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
-    # the operator's own choice stands, and an engine not measured on huge pages keeps the server's environment
-    assert sidecar_env("llamacpp", {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) == {
-        "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"
-    }
+    # the operator's own choices stand, and an engine not measured with them keeps the server's environment
+    mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0", "OMP_WAIT_POLICY": "ACTIVE"}
+    assert sidecar_env("llamacpp", mine) == mine
+    assert sidecar_env("llamacpp", {"GOMP_SPINCOUNT": "0"})["GOMP_SPINCOUNT"] == "0"
     assert sidecar_env("kokoro", {"PATH": "/bin"}) == {"PATH": "/bin"}

@@ -34,6 +34,7 @@ from lemonkit.backends.llamacpp.sampler import SeqSampler
 from lemonkit.backends.llamacpp.step_costs import StepCosts
 
 if TYPE_CHECKING:
+    from lemonkit.backends.llamacpp.cpu_turns import CpuTurns
     from lemonkit.backends.llamacpp.generation import Job
     from lemonkit.backends.llamacpp.shapes import Run
     from lemonkit.backends.llamacpp.vision import Vision
@@ -139,6 +140,7 @@ class Batcher:
         spare_seq: A sequence id beside the slots' (the context holds ``n_parallel + 1``) for a throwaway row that
             keeps every step at two rows or more when the model's kernels round one row differently from several
             (:mod:`~lemonkit.backends.llamacpp.kernels`); None: steps run as they come.
+        turns: The CPU turns every decode takes (:mod:`~lemonkit.backends.llamacpp.cpu_turns`; None: none).
     """
 
     def __init__(
@@ -151,6 +153,7 @@ class Batcher:
         n_swa: int,
         vision: Vision | None,
         spare_seq: int | None = None,
+        turns: CpuTurns | None = None,
     ) -> None:
         import llama_cpp as lc
         import numpy as np
@@ -170,6 +173,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._closed = False
         self._spare = spare_seq
+        self._turn = turns.turn if turns is not None else contextlib.nullcontext
         self._n_batch = n_batch - (spare_seq is not None)  # a row stays free for the padding row
         self._batch = lc.llama_batch_init(n_batch, 0, 1)
         b = self._batch
@@ -510,7 +514,8 @@ class Batcher:
             n += 1
         self._batch.n_tokens = n
         self._send()  # the readers turn the last step's tokens into text while this one computes
-        rc = int(self._lc.llama_decode(self._ctx, self._batch))
+        with self._turn():
+            rc = int(self._lc.llama_decode(self._ctx, self._batch))
         if padded:
             assert self._spare is not None
             self._lc.llama_memory_seq_rm(self._mem, self._spare, -1, -1)  # the top cell: leaves no hole
@@ -553,7 +558,8 @@ class Batcher:
                 self._fill(i, [0], 0, seq)
                 self._logits[i] = 1
             self._batch.n_tokens = len(seqs)
-            rc = int(self._lc.llama_decode(self._ctx, self._batch))
+            with self._turn():
+                rc = int(self._lc.llama_decode(self._ctx, self._batch))
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed ({rc}) on a one-token probe")
             logits = self._lc.llama_get_logits_ith(self._ctx, 0)

@@ -25,6 +25,7 @@ from lemonkit.backends.chat import (
     with_system,
 )
 from lemonkit.backends.llamacpp.batch import parallel_context
+from lemonkit.backends.llamacpp.cpu_turns import CpuTurns
 from lemonkit.backends.llamacpp.generation import Generator, Job, Sampling, check_arg, top_logprobs
 from lemonkit.backends.llamacpp.kernels import KernelsUnavailable, reference_kernels
 from lemonkit.backends.llamacpp.shapes import (
@@ -154,12 +155,14 @@ class LlamaCppEngine:
             self._setup_chat_format(template_override, spec.get("chat_format"))
         mmproj = spec.get("mmproj_path")
         self._vision = Vision(self._llm, mmproj) if mmproj and self.kind == "llm" else None
+        self._turns = CpuTurns(threads)
         self._gen = Generator(
             self._llm,
             self._vision,
             n_parallel=self._n_parallel,
             n_batch=kwargs["n_batch"],
             invariant=self.batch_invariant,
+            turns=self._turns,
         )
 
     def _kernel_choice(self, args: dict[str, Any]) -> tuple[bool, bool]:
@@ -250,6 +253,7 @@ class LlamaCppEngine:
             self._closed = True
             self._gen.close()
             self._llm.close()
+            self._turns.close()
 
     def chat(self, body: dict[str, Any], *, cancelled: Cancelled) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """``/v1/chat/completions``; validates eagerly, so bad input raises before any chunk."""
@@ -307,7 +311,8 @@ class LlamaCppEngine:
             if n > limit:
                 raise InvalidArgument(f"input[{i}] has {n} tokens, more than the model's {limit}-token window")
         try:
-            vectors, n_tokens = self._llm.embed(inputs, normalize=True, truncate=False, return_count=True)
+            with self._turns.turn():
+                vectors, n_tokens = self._llm.embed(inputs, normalize=True, truncate=False, return_count=True)
         except (ValueError, RuntimeError) as exc:
             raise InvalidArgument(f"embedding failed: {exc}") from exc
         data = []
@@ -338,7 +343,8 @@ class LlamaCppEngine:
         from lemonkit.backends.llama_rank import rank_scores
 
         try:
-            scores, n_tokens = rank_scores(self._llm, query, docs)
+            with self._turns.turn():
+                scores, n_tokens = rank_scores(self._llm, query, docs)
         except (ValueError, RuntimeError) as exc:
             raise InvalidArgument(f"rerank failed: {exc}") from exc
         order = sorted(range(len(docs)), key=lambda i: scores[i], reverse=True)

@@ -25,6 +25,7 @@ from lemonkit.backends.llamacpp.shapes import Run
 from lemonkit.errors import InvalidArgument
 
 if TYPE_CHECKING:
+    from lemonkit.backends.llamacpp.cpu_turns import CpuTurns
     from lemonkit.backends.llamacpp.vision import Vision
 
 __all__ = ["DEFAULT_SAMPLING", "MAX_TOP_LOGPROBS", "Generator", "Job", "Sampling", "check_arg", "top_logprobs"]
@@ -184,6 +185,7 @@ class Generator:
         n_parallel: Jobs generated together.
         n_batch: Tokens decoded per step.
         invariant: The model runs on batch-invariant kernels; the batcher keeps the extra sequence for padding.
+        turns: The CPU turns its decodes take (None: none).
     """
 
     def __init__(
@@ -194,6 +196,7 @@ class Generator:
         n_parallel: int = 1,
         n_batch: int = 512,
         invariant: bool = False,
+        turns: CpuTurns | None = None,
     ) -> None:
         import llama_cpp
 
@@ -216,6 +219,7 @@ class Generator:
             n_swa=int(llama_cpp.llama_model_n_swa(llm._model.model)),
             vision=vision,
             spare_seq=n_parallel if invariant else None,
+            turns=turns,
         )
 
     @property
