@@ -1,7 +1,8 @@
 """Concurrency: lemonkit against llama.cpp's own ``llama-server``, side by side in one run.
 
     python benchmarks/concurrency.py [--streams 1,2,4,8] [--tokens 96] [--rounds 3] [--threads 2] [--ctx 4096]
-                                     [--duration 5] [--sections streams,single,kernels,probe,embed] [--build-only]
+                                     [--duration 5] [--sections streams,single,kernels,probe,embed,sidecars]
+                                     [--build-only]
                                      [--lemonkit-args "--no-batch-invariant"] [--llama-server-huge-pages]
 
 Everything on the bundled Gemma 3 270M (``Gemma-3-270m-GGUF``), ``--threads`` engine threads, the same GGUF and
@@ -25,6 +26,10 @@ kernels: what batch-invariant decoding costs, lemonkit's llama.cpp engine in thi
 probe: ``/live`` of lemonkit and ``/health`` of llama-server under ``wrk -t2 -c16`` (requests/s and p99 latency),
     idle and while 2 generations stream through that server, with the server process's CPU share meanwhile. Without
     wrk on PATH a small Python load generator stands in, and the table says so: its own CPU cost caps what it sees.
+sidecars: two engines, each in a process of its own with a sidecar's environment (two models loaded, or a notebook's
+    embedded server beside ``lemonkit serve``), decoding one stream each at once: tok/s of each with CPU turns, as
+    lemonkit runs them (``lemonkit/backends/llamacpp/cpu_turns.py``), against without (no turns, libgomp's default
+    spin), and of one alone.
 embed: sentences/s of the all-MiniLM-L6-v2 GGUF (converted from the bundled float32 weights by
     ``benchmarks/minilm_gguf.py``) on lemonkit's llama.cpp engine in this process: many inputs in one request (one
     ``llama_decode`` for them all) against one request per input.
@@ -75,7 +80,7 @@ from tests.llama_cpp_server import free_port
 PROMPT = "The history of the printing press begins"
 GEMMA = "Gemma-3-270m-GGUF"
 PROBE_CONNECTIONS = 16
-SECTIONS = ("streams", "single", "kernels", "probe", "embed")
+SECTIONS = ("streams", "single", "kernels", "probe", "embed", "sidecars")
 
 
 def _cache_root() -> Path:
@@ -588,6 +593,65 @@ def bench_probe(lk: Lemonkit, server: Callable[[int], Contender] | None, args: A
 # --------------------------------------------------------------------------------------------- embeddings
 
 
+_SIDECAR_STREAM = """
+import contextlib, json, sys, time
+from lemonkit.backends.llamacpp import LlamaCppEngine, cpu_turns
+gguf, threads, tokens, turns = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "turns"
+if not turns:
+    cpu_turns.CpuTurns.turn = lambda self: contextlib.nullcontext()
+engine = LlamaCppEngine({"type": "llm", "model_path": gguf, "options": {"llamacpp_args": f"-t {threads}"}})
+body = {"model": "m", "prompt": sys.argv[5], "max_tokens": 8, "temperature": 0, "stream": True}
+for _ in engine.complete(body, cancelled=lambda: False):
+    pass
+body["max_tokens"] = tokens
+sys.stdin.readline()  # the go: both processes loaded
+start, n = time.perf_counter(), 0
+for _ in engine.complete(body, cancelled=lambda: False):
+    n += 1
+print(json.dumps(n / (time.perf_counter() - start)), flush=True)
+engine.close()
+"""
+
+
+def _sidecar_streams(gguf: Path, args: Any, count: int, turns: bool) -> list[float]:
+    """tok/s of ``count`` engine processes streaming at once, started together once all have loaded."""
+    env = server_env()
+    env.pop("GOMP_SPINCOUNT", None)
+    if turns:
+        env = sidecar_env("llamacpp", env)
+    else:
+        env["GLIBC_TUNABLES"] = sidecar_env("llamacpp", env)["GLIBC_TUNABLES"]  # the same memory either way
+    command = [sys.executable, "-c", _SIDECAR_STREAM, str(gguf), str(args.threads), str(args.tokens)]
+    command += ["turns" if turns else "none", PROMPT]
+    processes = [
+        subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(count)
+    ]
+    try:
+        for process in processes:  # a loaded engine waits for its line
+            assert process.stdin is not None
+            process.stdin.write("\n")
+            process.stdin.flush()
+        return [float(json.loads(process.communicate(timeout=600)[0])) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+
+
+def bench_sidecars(gguf: Path, args: Any) -> None:
+    rates: dict[str, list[float]] = {"alone": [], "two, turns": [], "two, no turns": []}
+    for _ in range(max(args.rounds, 3)):
+        rates["alone"] += _sidecar_streams(gguf, args, 1, True)
+        rates["two, turns"] += _sidecar_streams(gguf, args, 2, True)
+        rates["two, no turns"] += _sidecar_streams(gguf, args, 2, False)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"\nsidecars: tok/s of each of two engine processes streaming at once, medians of {max(args.rounds, 3)}")
+    print(f"  one alone {med['alone']:.1f}")
+    print(f"  two at once, with CPU turns {med['two, turns']:.1f} each   (min {min(rates['two, turns']):.1f})")
+    print(f"  two at once, without        {med['two, no turns']:.1f} each   (min {min(rates['two, no turns']):.1f})")
+
+
 def bench_embed(home: Path, args: Any) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     try:
@@ -701,6 +765,11 @@ def main() -> None:
     home.mkdir(parents=True, exist_ok=True)
     if {"streams", "single", "kernels", "probe"} & set(sections):
         _against_servers(home, binary, sections, args)
+    if "sidecars" in sections:
+        from lemonkit.registry import Registry
+
+        registry = Registry(home / "lemonkit-cache")
+        bench_sidecars(Path(registry.resolve(registry.get(GEMMA)).main), args)
     if "embed" in sections:
         bench_embed(home, args)
     print(

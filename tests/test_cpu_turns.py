@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lemonkit.backends.llamacpp import cpu_turns
+from lemonkit.backends.llamacpp import LlamaCppEngine, cpu_turns
 from lemonkit.backends.llamacpp.cpu_turns import CpuTurns
+from lemonkit.testing.tiny_gguf import write_tiny_llama
 
 
 def _held(directory: Path) -> list[str]:
@@ -55,3 +56,18 @@ def test_turns_live_in_a_private_directory(tmp_path: Path, monkeypatch: pytest.M
     made.chmod(0o777)  # another user could take or hold the turns
     with pytest.raises(PermissionError, match="not a private directory"):
         CpuTurns(1)
+
+
+def test_an_engine_without_usable_turns_still_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(cpu_turns.tempfile, "gettempdir", lambda: str(tmp_path))
+    (tmp_path / f"lemonkit-cpu-{os.getuid()}").mkdir(mode=0o755)
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+    engine = LlamaCppEngine({"model_path": str(path), "type": "llm", "options": {"llamacpp_args": "-t 1"}})
+    try:
+        assert "take no CPU turns" in caplog.text and "not a private directory" in caplog.text
+        result = engine.complete({"model": "tiny", "prompt": "hello", "max_tokens": 5}, cancelled=lambda: False)
+        assert isinstance(result, dict) and result["usage"]["completion_tokens"] == 5
+    finally:
+        engine.close()

@@ -55,6 +55,15 @@ DEFAULT_N_BATCH = 512
 DEFAULT_N_PARALLEL = 4
 
 
+def _cpu_turns(threads: int) -> CpuTurns | None:
+    """The CPU turns this engine's decodes take, or None (with a warning) when their directory is unusable."""
+    try:
+        return CpuTurns(threads)
+    except OSError as exc:
+        log.warning("llama.cpp decodes take no CPU turns (other sidecars may slow them down): %s", exc)
+        return None
+
+
 class LlamaCppEngine:
     """One GGUF loaded with llama-cpp-python, serving the OpenAI routes its ``type`` allows.
 
@@ -155,7 +164,8 @@ class LlamaCppEngine:
             self._setup_chat_format(template_override, spec.get("chat_format"))
         mmproj = spec.get("mmproj_path")
         self._vision = Vision(self._llm, mmproj) if mmproj and self.kind == "llm" else None
-        self._turns = CpuTurns(threads)
+        self._turns = _cpu_turns(max(threads, kwargs["n_threads_batch"]))
+        self._turn = self._turns.turn if self._turns is not None else contextlib.nullcontext
         self._gen = Generator(
             self._llm,
             self._vision,
@@ -253,7 +263,8 @@ class LlamaCppEngine:
             self._closed = True
             self._gen.close()
             self._llm.close()
-            self._turns.close()
+            if self._turns is not None:
+                self._turns.close()
 
     def chat(self, body: dict[str, Any], *, cancelled: Cancelled) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """``/v1/chat/completions``; validates eagerly, so bad input raises before any chunk."""
@@ -311,7 +322,7 @@ class LlamaCppEngine:
             if n > limit:
                 raise InvalidArgument(f"input[{i}] has {n} tokens, more than the model's {limit}-token window")
         try:
-            with self._turns.turn():
+            with self._turn():
                 vectors, n_tokens = self._llm.embed(inputs, normalize=True, truncate=False, return_count=True)
         except (ValueError, RuntimeError) as exc:
             raise InvalidArgument(f"embedding failed: {exc}") from exc
@@ -343,7 +354,7 @@ class LlamaCppEngine:
         from lemonkit.backends.llama_rank import rank_scores
 
         try:
-            with self._turns.turn():
+            with self._turn():
                 scores, n_tokens = rank_scores(self._llm, query, docs)
         except (ValueError, RuntimeError) as exc:
             raise InvalidArgument(f"rerank failed: {exc}") from exc
