@@ -67,12 +67,11 @@ class StepCosts:
 
     def _split(self, rows: int, whole: float) -> Plan | None:
         """The fastest split of ``rows`` by the whole steps measured for smaller sizes, if below ``whole``."""
+        costs = {j: cost for j in range(1, rows) if (cost := self.cost((j,))) is not None}
         best: dict[int, tuple[float, Plan]] = {0: (0.0, ())}
         for m in range(1, rows + 1):
             options = [
-                (best[m - j][0] + cost, (*best[m - j][1], j))
-                for j in range(1, min(m, rows - 1) + 1)
-                if m - j in best and (cost := self.cost((j,))) is not None
+                (best[m - j][0] + cost, (*best[m - j][1], j)) for j, cost in costs.items() if j <= m and m - j in best
             ]
             if options:
                 best[m] = min(options)
