@@ -16,17 +16,15 @@ from typing import Any
 
 __all__ = ["RECIPES", "engine_class", "sidecar_env"]
 
-#: glibc's malloc asks for transparent huge pages on the memory it maps (glibc 2.35 on; ignored before, and where the
-#: kernel's THP mode is ``never``)
+#: recipes whose engine runs on ggml's CPU threads, and what their sidecars set:
+#: - glibc's malloc asks for transparent huge pages on what it maps (glibc 2.35 on; ignored before, and where the
+#:   kernel's THP mode is never): decoding walks every weight each token, and 4 KiB pages cost it TLB misses (Gemma 3
+#:   270M on 2 threads: +10-15% tok/s on one stream, +4% on four);
+#: - libgomp's workers sleep after 10,000 spins instead of 300,000: a sidecar waiting for its CPU turn
+#:   (backends.llamacpp.cpu_turns) must not spin on the cores another's decode uses (one stream decoded as fast).
+_GGML_RECIPES = frozenset({"llamacpp"})
 _HUGE_PAGES = "glibc.malloc.hugetlb=1"
-#: recipes whose weights measured faster on huge pages: llama.cpp's decode walks every weight each token, and 4 KiB
-#: pages cost it TLB misses (Gemma 3 270M on 2 threads: +10-15% tok/s on one stream, +4% on four)
-_HUGE_PAGE_RECIPES = frozenset({"llamacpp"})
-#: libgomp's spin before an idle worker sleeps, for recipes that take CPU turns (backends.llamacpp.cpu_turns): a
-#: sidecar waiting for its turn must not spin on the cores another's decode is using. Unset, libgomp spins 300,000
-#: times; 10,000 decoded one stream as fast here.
 _SPIN = "10000"
-_TURN_RECIPES = frozenset({"llamacpp"})
 
 #: recipe -> "module:Class" of its engine adapter
 RECIPES: dict[str, str] = {
@@ -52,16 +50,18 @@ def engine_class(recipe: str) -> Any:
 
 
 def sidecar_env(recipe: str, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a sidecar serving ``recipe``: the server's, with huge pages for the weights of the recipes
-    that measured faster on them, and a short OpenMP spin for those that take CPU turns.
+    """The environment of a sidecar serving ``recipe``: the server's, with huge pages and a short OpenMP spin for the
+    recipes that run on ggml's CPU threads.
 
     What the operator set wins: a ``glibc.malloc.hugetlb`` tunable in ``GLIBC_TUNABLES``, ``GOMP_SPINCOUNT`` or
     ``OMP_WAIT_POLICY``.
     """
     env = dict(os.environ if environ is None else environ)
     tunables = env.get("GLIBC_TUNABLES", "")
-    if recipe in _HUGE_PAGE_RECIPES and "glibc.malloc.hugetlb" not in tunables:
+    if recipe not in _GGML_RECIPES:
+        return env
+    if "glibc.malloc.hugetlb" not in tunables:
         env["GLIBC_TUNABLES"] = f"{tunables}:{_HUGE_PAGES}" if tunables else _HUGE_PAGES
-    if recipe in _TURN_RECIPES and "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
+    if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
         env["GOMP_SPINCOUNT"] = _SPIN
     return env

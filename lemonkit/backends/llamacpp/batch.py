@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,6 @@ from lemonkit.backends.llamacpp.sampler import SeqSampler
 from lemonkit.backends.llamacpp.step_costs import StepCosts
 
 if TYPE_CHECKING:
-    from lemonkit.backends.llamacpp.cpu_turns import CpuTurns
     from lemonkit.backends.llamacpp.generation import Job
     from lemonkit.backends.llamacpp.shapes import Run
     from lemonkit.backends.llamacpp.vision import Vision
@@ -140,7 +140,7 @@ class Batcher:
         spare_seq: A sequence id beside the slots' (the context holds ``n_parallel + 1``) for a throwaway row that
             keeps every step at two rows or more when the model's kernels round one row differently from several
             (:mod:`~lemonkit.backends.llamacpp.kernels`); None: steps run as they come.
-        turns: The CPU turns every decode takes (:mod:`~lemonkit.backends.llamacpp.cpu_turns`; None: none).
+        turn: Entered around every decode: a CPU turn (:mod:`~lemonkit.backends.llamacpp.cpu_turns`).
     """
 
     def __init__(
@@ -153,7 +153,7 @@ class Batcher:
         n_swa: int,
         vision: Vision | None,
         spare_seq: int | None = None,
-        turns: CpuTurns | None = None,
+        turn: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         import llama_cpp as lc
         import numpy as np
@@ -173,7 +173,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._closed = False
         self._spare = spare_seq
-        self._turn = turns.turn if turns is not None else contextlib.nullcontext
+        self._turn = turn
         self._n_batch = n_batch - (spare_seq is not None)  # a row stays free for the padding row
         self._batch = lc.llama_batch_init(n_batch, 0, 1)
         b = self._batch

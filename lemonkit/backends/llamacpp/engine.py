@@ -172,7 +172,7 @@ class LlamaCppEngine:
             n_parallel=self._n_parallel,
             n_batch=kwargs["n_batch"],
             invariant=self.batch_invariant,
-            turns=self._turns,
+            turn=self._turn,
         )
 
     def _kernel_choice(self, args: dict[str, Any]) -> tuple[bool, bool]:

@@ -10,11 +10,13 @@ back tail and checks ``cancelled()`` between tokens. Prompt evaluation (with the
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +27,6 @@ from lemonkit.backends.llamacpp.shapes import Run
 from lemonkit.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from lemonkit.backends.llamacpp.cpu_turns import CpuTurns
     from lemonkit.backends.llamacpp.vision import Vision
 
 __all__ = ["DEFAULT_SAMPLING", "MAX_TOP_LOGPROBS", "Generator", "Job", "Sampling", "check_arg", "top_logprobs"]
@@ -185,7 +186,7 @@ class Generator:
         n_parallel: Jobs generated together.
         n_batch: Tokens decoded per step.
         invariant: The model runs on batch-invariant kernels; the batcher keeps the extra sequence for padding.
-        turns: The CPU turns its decodes take (None: none).
+        turn: Entered around every decode (a CPU turn).
     """
 
     def __init__(
@@ -196,7 +197,7 @@ class Generator:
         n_parallel: int = 1,
         n_batch: int = 512,
         invariant: bool = False,
-        turns: CpuTurns | None = None,
+        turn: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         import llama_cpp
 
@@ -219,7 +220,7 @@ class Generator:
             n_swa=int(llama_cpp.llama_model_n_swa(llm._model.model)),
             vision=vision,
             spare_seq=n_parallel if invariant else None,
-            turns=turns,
+            turn=turn,
         )
 
     @property
