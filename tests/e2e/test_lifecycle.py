@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import signal
 import httpx
 import pytest
 from conftest import CACHE_DIR, TINY, TINY_B, Host
+from waiting import until
 
 CHAT = {"messages": [{"role": "user", "content": "go"}], "temperature": 0}
 
@@ -158,3 +160,34 @@ async def test_unlimited_slots_and_shared_loads(jupyter_host: Host, jp_serverapp
         health = await _health(client)
     assert sorted(m["model_name"] for m in health["all_models_loaded"]) == [TINY, TINY_B]
     assert health["max_models"]["llm"] == -1
+
+
+async def test_a_decode_waits_for_its_cpu_turn(host: Host) -> None:
+    """A sidecar's decode takes a CPU turn shared by this user's sidecars (lemonkit/backends/llamacpp/cpu_turns.py):
+    while something else holds every turn, the request waits in ``flock`` (visible in /proc/locks), and it answers
+    once the turns are free."""
+    from lemonkit.backends.llamacpp import cpu_turns
+
+    async with host.client() as client:
+        assert (await client.post("load", json={"model_name": TINY})).status_code == 200
+        pid = (await _health(client))["all_models_loaded"][0]["pid"]
+        directory = cpu_turns._private_dir()
+        paths = [directory / f"turn-{i}.lock" for i in range(os.cpu_count() or 1)]  # every turn any thread count has
+        held = [os.open(path, os.O_RDWR | os.O_CREAT, 0o600) for path in paths]
+        try:
+            for fd in held:  # blocking: the new sidecar's load-time probe may still hold one
+                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+            body = {"model": TINY, "max_tokens": 4, **CHAT}
+            request = asyncio.ensure_future(client.post("chat/completions", json=body))
+
+            async def waiting() -> bool:
+                with open("/proc/locks") as locks:
+                    return any("->" in line and line.split()[5] == str(pid) for line in locks)
+
+            await until(waiting, "the sidecar to wait for a CPU turn")
+            assert not request.done()
+        finally:
+            for fd in held:
+                os.close(fd)  # gives the turns back
+        response = await request
+        assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
