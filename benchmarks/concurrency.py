@@ -1,7 +1,8 @@
 """Concurrency: lemonkit against llama.cpp's own ``llama-server``, side by side in one run.
 
     python benchmarks/concurrency.py [--streams 1,2,4,8] [--tokens 96] [--rounds 3] [--threads 2] [--ctx 4096]
-                                     [--duration 5] [--sections streams,single,kernels,probe,embed,sidecars]
+                                     [--duration 5] [--busy 1]
+                                     [--sections streams,busy,single,kernels,probe,embed,sidecars]
                                      [--build-only]
                                      [--lemonkit-args "--no-batch-invariant"] [--llama-server-huge-pages]
 
@@ -14,6 +15,10 @@ streams: the aggregate tok/s of N concurrent streamed completions (every token o
     the same N streams through ``llama-server --parallel N``. Medians over rounds, the contenders interleaved.
     lemonkit's sidecar reads the weights into huge pages; llama-server maps the GGUF in 4 KiB pages, unless
     ``--llama-server-huge-pages`` gives it the same (``--load-mode none``, glibc's ``malloc.hugetlb``).
+busy: the streams section's 1 and 4 streams again, while ``--busy`` other processes keep a core busy each (a
+    notebook computing beside the model, another user's job). ggml's threads meet at a spinning barrier after every
+    operation; lemonkit's batcher measures which thread count decodes fastest now (``step_costs.py``), llama-server
+    keeps ``-t``.
 single: one stream's decode rate (first token to last, at the client) through lemonkit against
     ``llama_cpp.Llama.create_completion(stream=True)`` in this process, built as the sidecar builds it (the
     benchmark re-runs itself with the sidecar's memory settings first: ``benchmarks/sidecar_memory.py``). Two clients:
@@ -80,7 +85,7 @@ from tests.llama_cpp_server import free_port
 PROMPT = "The history of the printing press begins"
 GEMMA = "Gemma-3-270m-GGUF"
 PROBE_CONNECTIONS = 16
-SECTIONS = ("streams", "single", "kernels", "probe", "embed", "sidecars")
+SECTIONS = ("streams", "busy", "single", "kernels", "probe", "embed", "sidecars")
 
 
 def _cache_root() -> Path:
@@ -328,8 +333,23 @@ def _concurrent(contender: Contender, n: int, tokens: int) -> tuple[float, int]:
     return total / span, total
 
 
-def bench_streams(lk: Lemonkit, server: Callable[[int], Contender] | None, ns: list[int], args: Any) -> None:
-    print(f"\nstreams: aggregate tok/s of N concurrent streams, {args.tokens} tokens each, median of {args.rounds}")
+@contextlib.contextmanager
+def _busy(n: int) -> Iterator[None]:
+    """``n`` processes that keep a core busy each."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def bench_streams(
+    lk: Lemonkit, server: Callable[[int], Contender] | None, ns: list[int], args: Any, *, busy: int = 0
+) -> None:
+    title = f"busy: while {busy} other processes keep a core busy each, " if busy else "streams: "
+    print(f"\n{title}aggregate tok/s of N concurrent streams, {args.tokens} tokens each, median of {args.rounds}")
     print(f"  {'N':>3} {'lemonkit':>10} {'llama-server':>13} {'lk/ls':>7} {'lk xN=1':>8} {'ls xN=1':>8}  tokens seen")
     base: dict[str, float] = {}
     for n in ns:
@@ -343,11 +363,12 @@ def bench_streams(lk: Lemonkit, server: Callable[[int], Contender] | None, ns: l
                 _stream(c, 8)  # warm up
             rates: dict[str, list[float]] = {c.name: [] for c in contenders}
             counts: dict[str, int] = {}
-            for round_ in range(args.rounds):
-                order = contenders if round_ % 2 == 0 else contenders[::-1]
-                for c in order:
-                    rate, counts[c.name] = _concurrent(c, n, args.tokens)
-                    rates[c.name].append(rate)
+            with _busy(busy):
+                for round_ in range(args.rounds):
+                    order = contenders if round_ % 2 == 0 else contenders[::-1]
+                    for c in order:
+                        rate, counts[c.name] = _concurrent(c, n, args.tokens)
+                        rates[c.name].append(rate)
         finally:
             if other is not None:
                 other.stop()
@@ -716,6 +737,8 @@ def _against_servers(home: Path, binary: Path | None, sections: list[str], args:
 
         if "streams" in sections:
             bench_streams(lk, server, [int(n) for n in args.streams.split(",")], args)
+        if "busy" in sections:
+            bench_streams(lk, server, [1, 4], args, busy=args.busy)
         if "kernels" in sections:  # before single: its in-process run decodes on this thread (see bench_kernels)
             bench_kernels(gguf, args)
         if "single" in sections:
@@ -738,6 +761,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="engine threads, every contender")
     parser.add_argument("--ctx", type=int, default=4096, help="context size, every contender (llama-server's -c)")
     parser.add_argument("--duration", type=float, default=5, help="seconds of each probe load")
+    parser.add_argument("--busy", type=int, default=1, help="busy processes of the busy section")
     parser.add_argument("--sentences", type=int, default=64, help="inputs of the embed section")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
     parser.add_argument("--no-llama-server", action="store_true", help="skip (and do not build) llama-server")
@@ -759,11 +783,11 @@ def main() -> None:
         return
     run_as_sidecar()  # the single, kernels and embed sections build the engine in this process
     print(f"load averages at start: {_loadavg()}")
-    wanted = not args.no_llama_server and {"streams", "probe"} & set(sections)
+    wanted = not args.no_llama_server and {"streams", "busy", "probe"} & set(sections)
     binary = llama_server_binary() if wanted else None
     home = _cache_root()
     home.mkdir(parents=True, exist_ok=True)
-    if {"streams", "single", "kernels", "probe"} & set(sections):
+    if {"streams", "busy", "single", "kernels", "probe"} & set(sections):
         _against_servers(home, binary, sections, args)
     if "sidecars" in sections:
         from lemonkit.registry import Registry

@@ -9,14 +9,15 @@ between a running stream and a newcomer is only observable without the HTTP hops
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import llama_cpp as lc
 import pytest
 
 from lemonkit.backends.llamacpp import LlamaCppEngine
-from lemonkit.backends.llamacpp.step_costs import StepCosts
+from lemonkit.backends.llamacpp.step_costs import Step, StepCosts
 from lemonkit.errors import InvalidArgument, ModelLoadError
 from lemonkit.testing.tiny_gguf import write_tiny_llama
 
@@ -158,30 +159,39 @@ def test_answers_do_not_depend_on_the_batch_or_on_earlier_requests(tiny_path: Pa
         engine.close()
 
 
-class _AlwaysSplit(StepCosts):
-    """Every generation step decoded one row at a time, and each plan counted."""
+class _Forced(StepCosts):
+    """Every generation step decoded as ``plan`` says, and each plan counted."""
 
-    def __init__(self) -> None:
+    def __init__(self, plan: Callable[[int], Step]) -> None:
         super().__init__()
-        self.plans: list[tuple[int, ...]] = []
+        self._plan = plan
+        self.plans: list[Step] = []
 
-    def plan(self, rows: int) -> tuple[int, ...]:
-        self.plans.append((1,) * rows)
+    def plan(self, rows: int) -> Step:
+        self.plans.append(self._plan(rows))
         return self.plans[-1]
 
 
-def test_a_step_split_into_several_decodes_answers_the_same(tiny_path: Path) -> None:
-    """The batcher may decode a step's rows in parts (when that measured faster, see StepCosts): each part's rows
-    sample from their own decode's logits, and every answer stays what it is in one decode."""
-    engine = _engine(tiny_path, "--parallel 4 -b 64")
+def test_a_step_split_into_several_decodes_or_on_fewer_threads_answers_the_same(tiny_path: Path) -> None:
+    """The batcher may decode a step's rows in parts, and on fewer threads than ``-t`` (when that measured faster,
+    see StepCosts): each part's rows sample from their own decode's logits, and every answer stays what it is in one
+    decode on every thread."""
+    engine = _engine(tiny_path, "--parallel 4 -b 64 -t 2")
     try:
         probe = {"temperature": 0.9, "seed": 5}
         prompts = ["the quick brown fox", "jumps over", "the lazy dog " * 5, "a b c"]
-        whole = _together(engine, prompts, **probe)
-        split = _AlwaysSplit()
-        engine._gen._batcher.costs = split
-        assert [r["choices"] for r in _together(engine, prompts, **probe)] == [r["choices"] for r in whole]
-        assert (1, 1, 1, 1) in split.plans  # the four were generating together, in four decodes
+        batcher = engine._gen._batcher
+        whole = _Forced(lambda rows: Step(2, (rows,)))
+        batcher.costs = whole
+        expected = [r["choices"] for r in _together(engine, prompts, **probe)]
+        assert Step(2, (4,)) in whole.plans
+        for plan in (lambda rows: Step(2, (1,) * rows), lambda rows: Step(1, (rows,))):
+            forced = batcher.costs = _Forced(plan)
+            assert [r["choices"] for r in _together(engine, prompts, **probe)] == expected
+            assert plan(4) in forced.plans  # the four were generating together
+        assert lc.llama_n_threads(batcher._ctx) == 1  # the last step's threads
+        _complete(engine, "the " * 40, max_tokens=1)  # a prompt step: on -t again
+        assert lc.llama_n_threads(batcher._ctx) == 2
     finally:
         engine.close()
 

@@ -188,8 +188,11 @@ class Batcher:
         self.pads_single_rows = False
         #: a removal left free cells below others' cells: compact before the next decode (see _compact)
         self._compact_due = False
-        #: generation steps' decode times by rows, which decide when a step decodes in parts
-        self.costs = StepCosts()
+        #: ``-t`` and ``-tb``: the most threads of a generation step, and the threads of any other decode
+        self._threads = (lc.llama_n_threads(self._ctx), lc.llama_n_threads_batch(self._ctx))
+        self._threads_set = self._threads
+        #: generation steps' times by how they were decoded, which decide their threads and parts
+        self.costs = StepCosts(self._threads[0])
         self._thread = threading.Thread(target=self._loop, name="llama-decode", daemon=True)
         self._thread.start()
 
@@ -319,6 +322,7 @@ class Batcher:
         try:
             if self._compact_due:  # mtmd decodes the images itself, not through _decode
                 self._compact()
+            self._use_threads(self._threads)
             decode = self._decode_text(slot)
             n_past = self._vision.prefill(seq.job.prompt, seq.job.images, seq=slot.id, decode_text=decode)
         except BaseException as exc:
@@ -390,28 +394,29 @@ class Batcher:
         self._run(planned, n)
 
     def _generate(self, slots: list[_Slot]) -> None:
-        """A step of generating slots only: one decode, or several when that measured faster (StepCosts)."""
+        """A step of generating slots only: one decode or several, on as many threads as measured fastest
+        (StepCosts)."""
         plan = self.costs.plan(len(slots))
         started = time.perf_counter()
         start = 0
-        for size in plan:
+        for size in plan.parts:
             group = [slot for slot in slots[start : start + size] if slot.seq is not None]
             start += size
             for n, slot in enumerate(group):
                 self._fill(n, [slot.last], slot.n_past, slot.id)
                 self._logits[n] = 1
                 slot.idx = n
-            if group and not self._run([(slot, [slot.last]) for slot in group], len(group)):
+            if group and not self._run([(slot, [slot.last]) for slot in group], len(group), plan.threads):
                 return
         self.costs.record(plan, time.perf_counter() - started)
 
-    def _run(self, planned: list[tuple[_Slot, list[int]]], n: int) -> bool:
+    def _run(self, planned: list[tuple[_Slot, list[int]]], n: int, threads: int | None = None) -> bool:
         """Decode the first ``n`` rows of the batch, holding ``planned``, and sample every slot that is due.
 
         Returns:
             Whether the decode went through (if not, room was made for the next step).
         """
-        rc = self._decode(n)
+        rc = self._decode(n, threads)
         if rc != 0:
             for slot, _ in planned:
                 self._seq_rm(slot.id, slot.n_past)  # a failed decode may leave part of a batch behind
@@ -502,8 +507,10 @@ class Batcher:
         for i in range(start, start + n):
             seq_ids[i][0] = seq_id
 
-    def _decode(self, n: int) -> int:
-        """Decode the first ``n`` rows of the batch, padded to two rows and two outputs when the model needs it."""
+    def _decode(self, n: int, threads: int | None = None) -> int:
+        """Decode the first ``n`` rows of the batch, padded to two rows and two outputs when the model needs it, on
+        ``threads`` (a generation step's plan) or on ``-t``/``-tb``."""
+        self._use_threads((threads, threads) if threads is not None else self._threads)
         if self._compact_due:
             self._compact()
         padded = self.pads_single_rows and (n < 2 or int(self._logits[:n].sum()) == 1)
@@ -520,6 +527,11 @@ class Batcher:
             assert self._spare is not None
             self._lc.llama_memory_seq_rm(self._mem, self._spare, -1, -1)  # the top cell: leaves no hole
         return rc
+
+    def _use_threads(self, threads: tuple[int, int]) -> None:
+        if threads != self._threads_set:
+            self._lc.llama_set_n_threads(self._ctx, *threads)
+            self._threads_set = threads
 
     def _compact(self) -> None:
         """Lay every sequence's cells out again contiguously, before anything is placed in the cells a removal freed.

@@ -1,74 +1,122 @@
-"""How many ``llama_decode`` calls a generation step of k rows should take, from what such steps measured.
+"""How a generation step of k rows should be decoded, from what such steps measured: how many threads, and how many
+``llama_decode`` calls.
 
 ggml picks its CPU kernels by batch shape, and a shape can cost more than its parts. On this kind of machine
 (AVX-512 with VNNI) llamafile's sgemm, which takes Q4_0/Q5_0/Q8_0 and float matrices from two rows on, decodes two
 rows of Gemma 3 270M in 2.3 times the time ggml's one-row kernel takes for one, so two streams went no faster together
 than one alone. Three or four rows amortise the sgemm well, K-quant matrices never reach it, and each decode carries
-its own sampling and hand-over: no fixed rule fits every model and machine. The batcher times whole steps by how they
-were decoded and splits a step only when the split measured faster.
+its own sampling and hand-over: no fixed rule fits every model and machine.
 
-With batch-invariant kernels a row's logits are the same bits in any split, so this changes only the time a step
-takes, never an answer.
+ggml's threads meet at a spinning barrier after every operation, and a decode step is hundreds of small operations.
+When another process takes one of the cores, a thread that is not scheduled holds up the others at every barrier:
+SmolLM2 135M on 2 cores decoded 163 tok/s on 2 threads and 21 while one busy process ran, where one thread decoded
+160 and 162. So the thread count is chosen the same way, by what steps measured on this machine now.
+
+With batch-invariant kernels a row's logits are the same bits in any split and on any number of threads, so this
+changes only the time a step takes, never an answer.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Iterator
+from typing import NamedTuple
 
-__all__ = ["StepCosts"]
+__all__ = ["Step", "StepCosts"]
 
-Plan = tuple[int, ...]  # the rows of each decode of a step, in order
+
+class Step(NamedTuple):
+    """How a generation step is decoded."""
+
+    threads: int
+    parts: tuple[int, ...]  # the rows of each decode, in order
 
 
 class StepCosts:
     """Recent times of generation steps by how they were decoded, and the plan for the next step.
 
     Args:
-        window: Steps of each plan the median is taken over.
-        recheck: Steps of a size between two runs of the plan not chosen, so that a machine whose load changes is
+        threads: The most threads a decode may take; fewer (halving down to one) are candidates too.
+        window: Steps of each plan kept.
+        recheck: Steps of a size between two runs of a plan not chosen, so that a machine whose load changes is
             followed.
-        margin: A split must measure below this share of the whole step's time (noise must not flip the plan).
+        margin: A plan must measure below this share of the preferred plan's time (noise must not flip the choice).
+
+    A plan's cost is the median of its steps among the last ``window`` steps of its size, or of its last three when
+    fewer are that recent: the plan in use follows a change of load within half a window, a plan only rechecked
+    within two rechecks, and one slow step moves neither.
     """
 
-    def __init__(self, *, window: int = 16, recheck: int = 64, margin: float = 0.95) -> None:
+    def __init__(
+        self,
+        threads: int = 1,
+        *,
+        window: int = 16,
+        recheck: int = 64,
+        margin: float = 0.95,
+    ) -> None:
+        self.threads = max(1, threads)
+        self._options = [self.threads >> i for i in range(self.threads.bit_length())]
         self._window = window
         self._recheck = recheck
         self._margin = margin
-        self._times: dict[Plan, deque[float]] = {}
-        self._steps: dict[int, int] = {}
+        self._times: dict[Step, deque[tuple[int, float]]] = {}  # (the step of its size, seconds)
+        self._steps: dict[int, int] = {}  # steps planned by size
 
-    def record(self, plan: Plan, seconds: float) -> None:
-        """A step decoded as ``plan`` took ``seconds``, sampling included."""
-        self._times.setdefault(plan, deque(maxlen=self._window)).append(seconds)
+    def record(self, step: Step, seconds: float) -> None:
+        """A step decoded as ``step`` took ``seconds``, sampling included."""
+        at = self._steps.get(sum(step.parts), 0)
+        self._times.setdefault(step, deque(maxlen=self._window)).append((at, seconds))
 
-    def cost(self, plan: Plan) -> float | None:
-        """The median time of a step decoded as ``plan``, once three have been seen."""
-        times = self._times.get(plan)
-        return statistics.median(times) if times is not None and len(times) >= 3 else None
+    def cost(self, step: Step) -> float | None:
+        """The median time of a step decoded as ``step``, once three have been seen."""
+        times = self._times.get(step)
+        if times is None or len(times) < 3:
+            return None
+        since = self._steps.get(sum(step.parts), 0) - self._window
+        current = [seconds for at, seconds in times if at > since]
+        return statistics.median(current if len(current) >= 3 else [seconds for _, seconds in list(times)[-3:]])
 
-    def plan(self, rows: int) -> Plan:
-        """How to decode a step of ``rows`` generating rows: ``(rows,)`` is one decode.
+    def plan(self, rows: int) -> Step:
+        """How to decode a step of ``rows`` generating rows.
 
-        A split is tried when the whole steps of its parts' sizes add up to less than a whole step of ``rows``, and
-        kept while its own steps measure faster.
+        Every thread count is measured whole first. A split is tried when the whole steps of its parts' sizes add
+        up to less than a whole step of ``rows`` on as many threads. The fastest plan measured is kept, all threads
+        whole preferred; every ``recheck`` steps the plan measured longest ago runs once instead.
         """
-        whole = self.cost((rows,))
-        split = self._split(rows, whole) if whole is not None else None
-        if whole is None or split is None:
-            return (rows,)
-        measured = self.cost(split)
-        if measured is None:
-            return split  # try it: its own steps decide from here
-        best, other = (split, (rows,)) if measured < whole * self._margin else ((rows,), split)
-        step = self._steps.get(rows, 0) + 1
-        self._steps[rows] = step % self._recheck
-        return other if step == self._recheck else best
+        count = self._steps[rows] = self._steps.get(rows, 0) + 1
+        best: Step | None = None
+        best_cost = 0.0
+        others: list[Step] = []
+        for step in self._candidates(rows):
+            cost = self.cost(step)
+            if cost is None:
+                return step  # try it: its own steps decide from here
+            if best is None or cost < best_cost * self._margin:
+                if best is not None:
+                    others.append(best)
+                best, best_cost = step, cost
+            else:
+                others.append(step)
+        assert best is not None
+        if count % self._recheck == 0 and others:
+            return min(others, key=lambda step: self._times[step][-1][0])
+        return best
 
-    def _split(self, rows: int, whole: float) -> Plan | None:
+    def _candidates(self, rows: int) -> Iterator[Step]:
+        for threads in self._options:
+            whole = Step(threads, (rows,))
+            yield whole
+            cost = self.cost(whole)
+            split = self._split(threads, rows, cost) if cost is not None else None
+            if split is not None:
+                yield split
+
+    def _split(self, threads: int, rows: int, whole: float) -> Step | None:
         """The fastest split of ``rows`` by the whole steps measured for smaller sizes, if below ``whole``."""
-        costs = {j: cost for j in range(1, rows) if (cost := self.cost((j,))) is not None}
-        best: dict[int, tuple[float, Plan]] = {0: (0.0, ())}
+        costs = {j: cost for j in range(1, rows) if (cost := self.cost(Step(threads, (j,)))) is not None}
+        best: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
         for m in range(1, rows + 1):
             options = [
                 (best[m - j][0] + cost, (*best[m - j][1], j)) for j, cost in costs.items() if j <= m and m - j in best
@@ -77,4 +125,4 @@ class StepCosts:
                 best[m] = min(options)
         if rows not in best or best[rows][0] >= whole * self._margin:
             return None
-        return best[rows][1]
+        return Step(threads, best[rows][1])
