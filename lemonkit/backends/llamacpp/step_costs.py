@@ -81,37 +81,45 @@ class StepCosts:
     def plan(self, rows: int) -> Step:
         """How to decode a step of ``rows`` generating rows.
 
-        Every thread count is measured whole first. A split is tried when the whole steps of its parts' sizes add
-        up to less than a whole step of ``rows`` on as many threads. The fastest plan measured is kept, all threads
-        whole preferred; every ``recheck`` steps the plan measured longest ago runs once instead.
+        Thread counts are measured from the most down, halving while halving measured faster. On each, a split is
+        tried when the whole steps of its parts' sizes add up to less than a whole step of ``rows``. The fastest plan
+        measured is kept, more threads and one decode preferred within the margin. Each plan not chosen runs once
+        again after ``recheck`` steps times how much slower its last step was than the chosen plan, so a plan far
+        slower costs no more than a plan slightly slower.
         """
         count = self._steps[rows] = self._steps.get(rows, 0) + 1
         best: Step | None = None
         best_cost = 0.0
-        others: list[Step] = []
-        for step in self._candidates(rows):
-            cost = self.cost(step)
-            if cost is None:
-                return step  # try it: its own steps decide from here
-            if best is None or cost < best_cost * self._margin:
-                if best is not None:
-                    others.append(best)
-                best, best_cost = step, cost
-            else:
-                others.append(step)
+        seen: list[Step] = []
+        for threads in self._options:
+            level: Step | None = None
+            level_cost = 0.0
+            for step in self._ways(threads, rows):
+                cost = self.cost(step)
+                if cost is None:
+                    return step  # try it: its own steps decide from here
+                seen.append(step)
+                if level is None or cost < level_cost * self._margin:
+                    level, level_cost = step, cost
+            if best is not None and level_cost >= best_cost * self._margin:
+                break  # fewer threads did not help: still fewer are not tried
+            best, best_cost = level, level_cost
         assert best is not None
-        if count % self._recheck == 0 and others:
-            return min(others, key=lambda step: self._times[step][-1][0])
+        due = 1.0
+        for step in seen:
+            at, seconds = self._times[step][-1]
+            overdue = (count - at) / (self._recheck * max(1.0, seconds / best_cost))
+            if step != best and overdue >= due:
+                best, due = step, overdue
         return best
 
-    def _candidates(self, rows: int) -> Iterator[Step]:
-        for threads in self._options:
-            whole = Step(threads, (rows,))
-            yield whole
-            cost = self.cost(whole)
-            split = self._split(threads, rows, cost) if cost is not None else None
-            if split is not None:
-                yield split
+    def _ways(self, threads: int, rows: int) -> Iterator[Step]:
+        whole = Step(threads, (rows,))
+        yield whole
+        cost = self.cost(whole)
+        split = self._split(threads, rows, cost) if cost is not None else None
+        if split is not None:
+            yield split
 
     def _split(self, threads: int, rows: int, whole: float) -> Step | None:
         """The fastest split of ``rows`` by the whole steps measured for smaller sizes, if below ``whole``."""
