@@ -39,8 +39,8 @@ class StepCosts:
     Args:
         threads: The most threads a decode may take; fewer (halving down to one) are candidates too.
         window: Steps of each plan kept.
-        recheck: Steps of a size between two runs of a plan not chosen, so that a machine whose load changes is
-            followed.
+        recheck: Steps of a size between two runs of a plan not chosen, times how much slower it last measured, so
+            that a machine whose load changes is followed at no more than ``1 / recheck`` of its time.
         margin: A plan must measure below this share of the preferred plan's time (noise must not flip the choice).
 
     A plan's cost is the median of its steps among the last ``window`` steps of its size, or of its last three when
