@@ -8,6 +8,7 @@ between a running stream and a newcomer is only observable without the HTTP hops
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -192,6 +193,30 @@ def test_a_step_split_into_several_decodes_or_on_fewer_threads_answers_the_same(
         assert lc.llama_n_threads(batcher._ctx) == 1  # the last step's threads
         _complete(engine, "the " * 40, max_tokens=1)  # a prompt step: on -t again
         assert lc.llama_n_threads(batcher._ctx) == 2
+    finally:
+        engine.close()
+
+
+def test_a_decode_runs_on_the_cores_its_turn_gives(tiny_path: Path) -> None:
+    """Other sidecars hold a core: the decode takes the threads it got, and the step, which measured them rather
+    than its plan, is not recorded."""
+    engine = _engine(tiny_path, "--parallel 2 -t 2")
+    try:
+        batcher = engine._gen._batcher
+        alone = _complete(engine, "the quick brown fox", temperature=0)
+        asked: list[int] = []
+
+        @contextlib.contextmanager
+        def one_core(threads: int) -> Iterator[int]:
+            asked.append(threads)
+            yield 1
+
+        batcher.costs = StepCosts(2)
+        batcher._turn = one_core
+        assert _complete(engine, "the quick brown fox", temperature=0)["choices"] == alone["choices"]
+        assert set(asked) == {2}  # each decode asked for its threads
+        assert (lc.llama_n_threads(batcher._ctx), lc.llama_n_threads_batch(batcher._ctx)) == (1, 1)
+        assert batcher.costs.cost(Step(2, (1,))) is None  # 23 generation steps, none recorded
     finally:
         engine.close()
 

@@ -172,7 +172,7 @@ async def test_a_decode_waits_for_its_cpu_turn(host: Host) -> None:
         assert (await client.post("load", json={"model_name": TINY})).status_code == 200
         pid = (await _health(client))["all_models_loaded"][0]["pid"]
         directory = cpu_turns._private_dir()
-        paths = [directory / f"turn-{i}.lock" for i in range(os.cpu_count() or 1)]  # every turn any thread count has
+        paths = [directory / f"core-{i}.lock" for i in range(os.cpu_count() or 1)]  # every core
         held = [os.open(path, os.O_RDWR | os.O_CREAT, 0o600) for path in paths]
         try:
             for fd in held:  # blocking: the new sidecar's load-time probe may still hold one

@@ -26,11 +26,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lemonkit.backends.base import Cancelled
+from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores
 from lemonkit.backends.llamacpp.sampler import SeqSampler
 from lemonkit.backends.llamacpp.step_costs import StepCosts
 
@@ -140,7 +140,7 @@ class Batcher:
         spare_seq: A sequence id beside the slots' (the context holds ``n_parallel + 1``) for a throwaway row that
             keeps every step at two rows or more when the model's kernels round one row differently from several
             (:mod:`~lemonkit.backends.llamacpp.kernels`); None: steps run as they come.
-        turn: Entered around every decode: a CPU turn (:mod:`~lemonkit.backends.llamacpp.cpu_turns`).
+        turn: Entered around every decode: CPU cores for its threads (:mod:`~lemonkit.backends.llamacpp.cpu_turns`).
     """
 
     def __init__(
@@ -153,7 +153,7 @@ class Batcher:
         n_swa: int,
         vision: Vision | None,
         spare_seq: int | None = None,
-        turn: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+        turn: Turn = any_cores,
     ) -> None:
         import llama_cpp as lc
         import numpy as np
@@ -193,6 +193,8 @@ class Batcher:
         self._threads_set = self._threads
         #: generation steps' times by how they were decoded, which decide their threads and parts
         self.costs = StepCosts(self._threads[0])
+        #: a decode of the step got fewer cores than it asked for (other sidecars held them): it measured them
+        self._short = False
         self._thread = threading.Thread(target=self._loop, name="llama-decode", daemon=True)
         self._thread.start()
 
@@ -398,6 +400,7 @@ class Batcher:
         (StepCosts)."""
         plan = self.costs.plan(len(slots))
         started = time.perf_counter()
+        self._short = False
         start = 0
         for size in plan.parts:
             group = [slot for slot in slots[start : start + size] if slot.seq is not None]
@@ -408,7 +411,8 @@ class Batcher:
                 slot.idx = n
             if group and not self._run([(slot, [slot.last]) for slot in group], len(group), plan.threads):
                 return
-        self.costs.record(plan, time.perf_counter() - started)
+        if not self._short:
+            self.costs.record(plan, time.perf_counter() - started)
 
     def _run(self, planned: list[tuple[_Slot, list[int]]], n: int, threads: int | None = None) -> bool:
         """Decode the first ``n`` rows of the batch, holding ``planned``, and sample every slot that is due.
@@ -509,8 +513,7 @@ class Batcher:
 
     def _decode(self, n: int, threads: int | None = None) -> int:
         """Decode the first ``n`` rows of the batch, padded to two rows and two outputs when the model needs it, on
-        ``threads`` (a generation step's plan) or on ``-t``/``-tb``."""
-        self._use_threads((threads, threads) if threads is not None else self._threads)
+        ``threads`` (a generation step's plan) or on ``-t``/``-tb``, as far as the CPU turns give the cores."""
         if self._compact_due:
             self._compact()
         padded = self.pads_single_rows and (n < 2 or int(self._logits[:n].sum()) == 1)
@@ -521,12 +524,19 @@ class Batcher:
             n += 1
         self._batch.n_tokens = n
         self._send()  # the readers turn the last step's tokens into text while this one computes
-        with self._turn():
-            rc = int(self._lc.llama_decode(self._ctx, self._batch))
+        rc = self._on_cores((threads, threads) if threads is not None else self._threads)
         if padded:
             assert self._spare is not None
             self._lc.llama_memory_seq_rm(self._mem, self._spare, -1, -1)  # the top cell: leaves no hole
         return rc
+
+    def _on_cores(self, threads: tuple[int, int]) -> int:
+        """``llama_decode`` of the batch as it stands, on ``threads`` (one-token, batch) or as many cores as its turn
+        gives."""
+        with self._turn(max(threads)) as cores:
+            self._short = self._short or cores < max(threads)
+            self._use_threads((min(threads[0], cores), min(threads[1], cores)))
+            return int(self._lc.llama_decode(self._ctx, self._batch))
 
     def _use_threads(self, threads: tuple[int, int]) -> None:
         if threads != self._threads_set:
@@ -570,8 +580,7 @@ class Batcher:
                 self._fill(i, [0], 0, seq)
                 self._logits[i] = 1
             self._batch.n_tokens = len(seqs)
-            with self._turn():
-                rc = int(self._lc.llama_decode(self._ctx, self._batch))
+            rc = self._on_cores(self._threads)
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed ({rc}) on a one-token probe")
             logits = self._lc.llama_get_logits_ith(self._ctx, 0)

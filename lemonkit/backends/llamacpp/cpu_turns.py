@@ -3,10 +3,12 @@
 ggml's threads spin at the barrier after each operation of a decode. Two sidecars decoding at once with a thread per
 core each leave a spinning thread waiting for one that is not scheduled, hundreds of times per token: on 2 cores two
 Gemma 3 270M streams in two processes decoded 28-31 tok/s each (2.8 in one run) where one alone decodes 100. So a
-decode takes a turn first: ``max(1, cores // threads)`` decodes run at once (lock files under the temporary
-directory, ``flock``: a process that dies gives its turn back), and the sidecar's OpenMP workers sleep soon after a
-decode instead of spinning for the next (``GOMP_SPINCOUNT``, :func:`lemonkit.backends.sidecar_env`). Measured: 50
-tok/s each for two at once, 100 alone as before.
+decode takes cores first, one lock file per core under the temporary directory (``flock``: a process that dies gives
+its cores back): as many as it has threads when they are free, else those that are free, and it decodes on that many
+threads (at least one, waiting for a core if none is free). Two sidecars decoding at once share the cores, a thread
+each on 2 cores: 73-80 tok/s each for Gemma, where taking whole turns of both cores gave 42-50 each. The sidecar's
+OpenMP workers sleep soon after a decode instead of spinning for the next (``GOMP_SPINCOUNT``,
+:func:`lemonkit.backends.sidecar_env`). Threads never change an answer (see ``step_costs.py``).
 """
 
 from __future__ import annotations
@@ -17,10 +19,19 @@ import os
 import random
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-__all__ = ["CpuTurns"]
+__all__ = ["CpuTurns", "Turn", "any_cores"]
+
+#: Entered around a decode of ``threads`` threads; yields the threads it may take.
+Turn = Callable[[int], AbstractContextManager[int]]
+
+
+def any_cores(threads: int) -> AbstractContextManager[int]:
+    """No turns: a decode takes its threads."""
+    return contextlib.nullcontext(threads)
 
 
 def _cores() -> int:
@@ -39,40 +50,46 @@ def _private_dir() -> Path:
 
 
 class CpuTurns:
-    """The turns a decode of ``threads`` threads takes on this machine's cores.
+    """The cores this machine's llama.cpp decodes take turns on.
 
     Args:
-        threads: The decode's threads.
         directory: Where the lock files are (default: a private directory under the temporary directory).
     """
 
-    def __init__(self, threads: int, *, directory: Path | None = None) -> None:
-        self.turns = max(1, _cores() // max(1, threads))
+    def __init__(self, *, directory: Path | None = None) -> None:
+        self.cores = _cores()
         directory = directory or _private_dir()
         self._fds = [
-            os.open(directory / f"turn-{i}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            for i in range(self.turns)
+            os.open(directory / f"core-{i}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            for i in range(self.cores)
         ]
 
     @contextlib.contextmanager
-    def turn(self) -> Iterator[None]:
-        """Hold a turn while the block runs: a free one if any, else wait for one."""
-        start = random.randrange(self.turns)
+    def turn(self, threads: int) -> Iterator[int]:
+        """Hold up to ``threads`` cores while the block runs: those that are free, else wait for one.
+
+        Yields:
+            How many cores are held: the threads the decode may take.
+        """
+        start = random.randrange(self.cores)
         order = self._fds[start:] + self._fds[:start]
+        held: list[int] = []
         for fd in order:
+            if len(held) == threads:
+                break
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue
-            held = fd
-            break
-        else:
-            held = order[0]
-            fcntl.flock(held, fcntl.LOCK_EX)
+            held.append(fd)
+        if not held:
+            fcntl.flock(order[0], fcntl.LOCK_EX)
+            held.append(order[0])
         try:
-            yield
+            yield len(held)
         finally:
-            fcntl.flock(held, fcntl.LOCK_UN)
+            for fd in held:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         for fd in self._fds:

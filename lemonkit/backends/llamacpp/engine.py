@@ -25,7 +25,7 @@ from lemonkit.backends.chat import (
     with_system,
 )
 from lemonkit.backends.llamacpp.batch import parallel_context
-from lemonkit.backends.llamacpp.cpu_turns import CpuTurns
+from lemonkit.backends.llamacpp.cpu_turns import CpuTurns, Turn, any_cores
 from lemonkit.backends.llamacpp.generation import Generator, Job, Sampling, check_arg, top_logprobs
 from lemonkit.backends.llamacpp.kernels import KernelsUnavailable, reference_kernels
 from lemonkit.backends.llamacpp.shapes import (
@@ -55,10 +55,10 @@ DEFAULT_N_BATCH = 512
 DEFAULT_N_PARALLEL = 4
 
 
-def _cpu_turns(threads: int) -> CpuTurns | None:
+def _cpu_turns() -> CpuTurns | None:
     """The CPU turns this engine's decodes take, or None (with a warning) when their directory is unusable."""
     try:
-        return CpuTurns(threads)
+        return CpuTurns()
     except OSError as exc:
         log.warning("llama.cpp decodes take no CPU turns (other sidecars may slow them down): %s", exc)
         return None
@@ -164,8 +164,8 @@ class LlamaCppEngine:
             self._setup_chat_format(template_override, spec.get("chat_format"))
         mmproj = spec.get("mmproj_path")
         self._vision = Vision(self._llm, mmproj) if mmproj and self.kind == "llm" else None
-        self._turns = _cpu_turns(max(threads, kwargs["n_threads_batch"]))
-        self._turn = self._turns.turn if self._turns is not None else contextlib.nullcontext
+        self._turns = _cpu_turns()
+        self._turn: Turn = self._turns.turn if self._turns is not None else any_cores
         self._gen = Generator(
             self._llm,
             self._vision,
@@ -322,7 +322,7 @@ class LlamaCppEngine:
             if n > limit:
                 raise InvalidArgument(f"input[{i}] has {n} tokens, more than the model's {limit}-token window")
         try:
-            with self._turn():
+            with self._cores():
                 vectors, n_tokens = self._llm.embed(inputs, normalize=True, truncate=False, return_count=True)
         except (ValueError, RuntimeError) as exc:
             raise InvalidArgument(f"embedding failed: {exc}") from exc
@@ -337,6 +337,18 @@ class LlamaCppEngine:
             "model": body.get("model", ""),
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         }
+
+    @contextlib.contextmanager
+    def _cores(self) -> Iterator[None]:
+        """An embedding or rerank decode on the cores its turn gives (``-tb`` at most)."""
+        import llama_cpp
+
+        threads = self._kwargs["n_threads_batch"]
+        with self._turn(threads) as cores:
+            llama_cpp.llama_set_n_threads(
+                self._llm._ctx.ctx, min(self._kwargs["n_threads"], cores), min(threads, cores)
+            )
+            yield
 
     def rerank(self, body: dict[str, Any]) -> dict[str, Any]:
         """``/v1/rerank``: documents scored against ``query``, best first (llama-server's shape)."""
@@ -354,7 +366,7 @@ class LlamaCppEngine:
         from lemonkit.backends.llama_rank import rank_scores
 
         try:
-            with self._turn():
+            with self._cores():
                 scores, n_tokens = rank_scores(self._llm, query, docs)
         except (ValueError, RuntimeError) as exc:
             raise InvalidArgument(f"rerank failed: {exc}") from exc

@@ -10,19 +10,18 @@ back tail and checks ``cancelled()`` between tokens. Prompt evaluation (with the
 from __future__ import annotations
 
 import codecs
-import contextlib
 import ctypes
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lemonkit.backends.base import Cancelled
 from lemonkit.backends.chat import StopMatcher
 from lemonkit.backends.llamacpp.batch import Batcher, End
+from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores
 from lemonkit.backends.llamacpp.shapes import Run
 from lemonkit.errors import InvalidArgument
 
@@ -186,7 +185,7 @@ class Generator:
         n_parallel: Jobs generated together.
         n_batch: Tokens decoded per step.
         invariant: The model runs on batch-invariant kernels; the batcher keeps the extra sequence for padding.
-        turn: Entered around every decode (a CPU turn).
+        turn: Entered around every decode: CPU cores for its threads.
     """
 
     def __init__(
@@ -197,7 +196,7 @@ class Generator:
         n_parallel: int = 1,
         n_batch: int = 512,
         invariant: bool = False,
-        turn: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+        turn: Turn = any_cores,
     ) -> None:
         import llama_cpp
 
