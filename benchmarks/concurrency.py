@@ -33,8 +33,8 @@ probe: ``/live`` of lemonkit and ``/health`` of llama-server under ``wrk -t2 -c1
     wrk on PATH a small Python load generator stands in, and the table says so: its own CPU cost caps what it sees.
 sidecars: two engines, each in a process of its own with a sidecar's environment (two models loaded, or a notebook's
     embedded server beside ``lemonkit serve``), decoding one stream each at once: tok/s of each with CPU turns, as
-    lemonkit runs them (``lemonkit/backends/llamacpp/cpu_turns.py``), against without (no turns, libgomp's default
-    spin), and of one alone.
+    lemonkit runs them (``lemonkit/backends/llamacpp/cpu_turns.py``: each decode on the cores free, up to its
+    threads), against without (no turns, libgomp's default spin), and of one alone.
 embed: sentences/s of the all-MiniLM-L6-v2 GGUF (converted from the bundled float32 weights by
     ``benchmarks/minilm_gguf.py``) on lemonkit's llama.cpp engine in this process: many inputs in one request (one
     ``llama_decode`` for them all) against one request per input.
@@ -619,7 +619,7 @@ import contextlib, json, sys, time
 from lemonkit.backends.llamacpp import LlamaCppEngine, cpu_turns
 gguf, threads, tokens, turns = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "turns"
 if not turns:
-    cpu_turns.CpuTurns.turn = lambda self: contextlib.nullcontext()
+    cpu_turns.CpuTurns.turn = lambda self, threads: contextlib.nullcontext(threads)
 engine = LlamaCppEngine({"type": "llm", "model_path": gguf, "options": {"llamacpp_args": f"-t {threads}"}})
 body = {"model": "m", "prompt": sys.argv[5], "max_tokens": 8, "temperature": 0, "stream": True}
 for _ in engine.complete(body, cancelled=lambda: False):
