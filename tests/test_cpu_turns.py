@@ -46,6 +46,8 @@ def test_a_decode_takes_the_free_cores_up_to_its_threads(tmp_path: Path, monkeyp
                 with other.turn(4) as more:  # another sidecar's decode gets the cores left
                     assert more == 2 and len(_held(tmp_path)) == 4
             assert _held(tmp_path) == []
+        with one.turn(1), other.turn(4) as cores:
+            assert cores == 2  # three are free, but another decode runs: half the cores
         with pytest.raises(RuntimeError), one.turn(8) as cores:
             assert cores == 4  # no more threads than cores
             raise RuntimeError("a failed decode")

@@ -4,8 +4,9 @@ ggml's threads spin at the barrier after each operation of a decode. Two sidecar
 core each leave a spinning thread waiting for one that is not scheduled, hundreds of times per token: on 2 cores two
 Gemma 3 270M streams in two processes decoded 28-31 tok/s each (2.8 in one run) where one alone decodes 100. So a
 decode takes cores first, one lock file per core under the temporary directory (``flock``: a process that dies gives
-its cores back): as many as it has threads when they are free, else those that are free, and it decodes on that many
-threads (at least one, waiting for a core if none is free). Two sidecars decoding at once share the cores, a thread
+its cores back): as many as it has threads when they are free, else those that are free (at most half of all when
+another decode holds some, so that two sidecars converge on half each), and it decodes on that many threads (at
+least one, waiting for a core if none is free). Two sidecars decoding at once share the cores, a thread
 each on 2 cores: 73-80 tok/s each for Gemma, where taking whole turns of both cores gave 42-50 each. The sidecar's
 OpenMP workers sleep soon after a decode instead of spinning for the next (``GOMP_SPINCOUNT``,
 :func:`lemonkit.backends.sidecar_env`). Threads never change an answer (see ``step_costs.py``).
@@ -66,7 +67,8 @@ class CpuTurns:
 
     @contextlib.contextmanager
     def turn(self, threads: int) -> Iterator[int]:
-        """Hold up to ``threads`` cores while the block runs: those that are free, else wait for one.
+        """Hold up to ``threads`` cores while the block runs: those that are free, at most half of them when another
+        decode holds some (so that two sidecars converge on half each, not one on all but one), else wait for one.
 
         Yields:
             How many cores are held: the threads the decode may take.
@@ -74,14 +76,20 @@ class CpuTurns:
         start = random.randrange(self.cores)
         order = self._fds[start:] + self._fds[:start]
         held: list[int] = []
+        shared = False
         for fd in order:
             if len(held) == threads:
                 break
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                shared = True
                 continue
             held.append(fd)
+        if shared:
+            for fd in held[max(1, self.cores // 2) :]:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            del held[max(1, self.cores // 2) :]
         if not held:
             fcntl.flock(order[0], fcntl.LOCK_EX)
             held.append(order[0])
