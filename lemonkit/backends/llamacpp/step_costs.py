@@ -105,13 +105,13 @@ class StepCosts:
                 break  # fewer threads did not help: still fewer are not tried
             best, best_cost = level, level_cost
         assert best is not None
-        due = 1.0
+        chosen, due = best, 1.0
         for step in seen:
             at, seconds = self._times[step][-1]
             overdue = (count - at) / (self._recheck * max(1.0, seconds / best_cost))
             if step != best and overdue >= due:
-                best, due = step, overdue
-        return best
+                chosen, due = step, overdue  # the most overdue recheck
+        return chosen
 
     def _ways(self, threads: int, rows: int) -> Iterator[Step]:
         whole = Step(threads, (rows,))
