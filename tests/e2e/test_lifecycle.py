@@ -191,3 +191,34 @@ async def test_a_decode_waits_for_its_cpu_turn(host: Host) -> None:
                 os.close(fd)  # gives the turns back
         response = await request
         assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4
+
+
+async def test_a_decode_runs_on_the_cores_left_free(host: Host) -> None:
+    """Other sidecars hold every core but one: the decode takes the free core and runs on one thread
+    (``/v1/stats``' ``decode_threads``), and its greedy answer is the one it gives on two."""
+    from lemonkit.backends.llamacpp import cpu_turns
+
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core: nothing to leave free")
+    async with host.client() as client:
+        await client.post("unload", json={"model_name": TINY})  # a new sidecar: its planner has timed nothing
+        load = {"model_name": TINY, "llamacpp_args": "-t 2"}
+        assert (await client.post("load", json=load)).status_code == 200
+        body = {"model": TINY, "max_tokens": 3, **CHAT}
+        directory = cpu_turns._private_dir()
+        held = [os.open(directory / f"core-{i}.lock", os.O_RDWR | os.O_CREAT, 0o600) for i in range(1, cores)]
+        try:
+            for fd in held:
+                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+            narrow = await client.post("chat/completions", json=body)
+            assert narrow.status_code == 200
+            assert (await client.get("stats")).json()["decode_threads"] == 1
+        finally:
+            for fd in held:
+                os.close(fd)
+        # the steps on one core were not timed: the planner measures its two threads first (three steps of them)
+        wide = await client.post("chat/completions", json=body)
+        assert (await client.get("stats")).json()["decode_threads"] == 2
+    assert wide.json()["choices"][0]["message"] == narrow.json()["choices"][0]["message"]
+    assert narrow.json()["usage"]["completion_tokens"] == 3

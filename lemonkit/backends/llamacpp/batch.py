@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lemonkit.backends.base import Cancelled
-from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores
+from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores, on_cores
 from lemonkit.backends.llamacpp.sampler import SeqSampler
 from lemonkit.backends.llamacpp.step_costs import StepCosts
 
@@ -195,6 +195,7 @@ class Batcher:
         self.costs = StepCosts(self._threads[0])
         #: a decode of the step got fewer cores than it asked for (other sidecars held them): it measured them
         self._short = False
+        self._used = self._threads[0]  # the threads of the last decode
         self._thread = threading.Thread(target=self._loop, name="llama-decode", daemon=True)
         self._thread.start()
 
@@ -453,6 +454,7 @@ class Batcher:
             self._end(slot, None)
             return
         self._outbox.append((seq, (token, lp)))
+        seq.run.decode_threads = self._used
         slot.n_gen += 1
         slot.last = token
         if self._is_eog(token):
@@ -533,9 +535,10 @@ class Batcher:
     def _on_cores(self, threads: tuple[int, int]) -> int:
         """``llama_decode`` of the batch as it stands, on ``threads`` (one-token, batch) or as many cores as its turn
         gives."""
-        with self._turn(max(threads)) as cores:
-            self._short = self._short or cores < max(threads)
-            self._use_threads((min(threads[0], cores), min(threads[1], cores)))
+        with on_cores(self._turn, threads) as given:
+            self._short = self._short or given != threads
+            self._use_threads(given)
+            self._used = given[0] if self._batch.n_tokens == 1 else given[1]
             return int(self._lc.llama_decode(self._ctx, self._batch))
 
     def _use_threads(self, threads: tuple[int, int]) -> None:

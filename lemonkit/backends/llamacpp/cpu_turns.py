@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-__all__ = ["CpuTurns", "Turn", "any_cores"]
+__all__ = ["CpuTurns", "Turn", "any_cores", "on_cores"]
 
 #: Entered around a decode of ``threads`` threads; yields the threads it may take.
 Turn = Callable[[int], AbstractContextManager[int]]
@@ -33,6 +33,17 @@ Turn = Callable[[int], AbstractContextManager[int]]
 def any_cores(threads: int) -> AbstractContextManager[int]:
     """No turns: a decode takes its threads."""
     return contextlib.nullcontext(threads)
+
+
+@contextlib.contextmanager
+def on_cores(turn: Turn, threads: tuple[int, int]) -> Iterator[tuple[int, int]]:
+    """Hold cores for a decode of ``threads`` (llama.cpp's one-token and batch threads) while the block runs.
+
+    Yields:
+        The threads the decode may take: ``threads``, each at most the cores its turn gave.
+    """
+    with turn(max(threads)) as cores:
+        yield min(threads[0], cores), min(threads[1], cores)
 
 
 def _cores() -> int:

@@ -25,7 +25,7 @@ from lemonkit.backends.chat import (
     with_system,
 )
 from lemonkit.backends.llamacpp.batch import parallel_context
-from lemonkit.backends.llamacpp.cpu_turns import CpuTurns, Turn, any_cores
+from lemonkit.backends.llamacpp.cpu_turns import CpuTurns, Turn, any_cores, on_cores
 from lemonkit.backends.llamacpp.generation import Generator, Job, Sampling, check_arg, top_logprobs
 from lemonkit.backends.llamacpp.kernels import KernelsUnavailable, reference_kernels
 from lemonkit.backends.llamacpp.shapes import (
@@ -343,11 +343,8 @@ class LlamaCppEngine:
         """An embedding or rerank decode on the cores its turn gives (``-tb`` at most)."""
         import llama_cpp
 
-        threads = self._kwargs["n_threads_batch"]
-        with self._turn(threads) as cores:
-            llama_cpp.llama_set_n_threads(
-                self._llm._ctx.ctx, min(self._kwargs["n_threads"], cores), min(threads, cores)
-            )
+        with on_cores(self._turn, (self._kwargs["n_threads"], self._kwargs["n_threads_batch"])) as given:
+            llama_cpp.llama_set_n_threads(self._llm._ctx.ctx, *given)
             yield
 
     def rerank(self, body: dict[str, Any]) -> dict[str, Any]:

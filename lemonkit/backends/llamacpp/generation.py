@@ -344,4 +344,5 @@ class Generator:
             "decode_token_times": list(run.times),
             "prompt_tokens": run.prompt_tokens,
             "cache_tokens": run.cached,  # prompt tokens reused from the context, not evaluated again
+            "decode_threads": run.decode_threads,
         }

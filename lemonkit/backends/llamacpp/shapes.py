@@ -51,6 +51,7 @@ class Run:
     prompt_ms: float = 0.0
     ttft: float = 0.0
     times: list[float] = field(default_factory=list)
+    decode_threads: int = 0  # of the decode that gave the last token: fewer than -t when cores were taken
 
     def timings(self) -> dict[str, Any]:
         """llama-server's ``timings`` object."""
