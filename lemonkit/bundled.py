@@ -28,7 +28,7 @@ __all__ = ["CONVERTERS", "BundledWeights"]
 
 #: ``bundled.convert`` name -> ``"module:function"``; ``function(resource_path, output_path)`` writes the file
 CONVERTERS: dict[str, str] = {
-    "bert-onnx": "lemonkit.bert_onnx:convert",
+    "minilm-int8": "lemonkit.minilm_bundle:convert",
     "kokoro-onnx": "lemonkit.kokoro_bundle:convert",
     "whisper-parts": "lemonkit.whisper_parts:join",
 }

@@ -43,6 +43,7 @@ from typing import Any
 import httpx
 
 from tests.jupyter_process import free_port
+from tests.system_tools import tool
 
 __all__ = ["ACCESS_SCOPE", "ADMIN_SCOPE", "PASSWORD", "SERVICE", "USERS", "JupyterHub"]
 
@@ -120,6 +121,7 @@ class JupyterHub:
         timeout: float = 180,
         extra_config: str = "",
     ) -> None:
+        tool("configurable-http-proxy")  # the hub starts it: skip, naming its install, rather than time out
         self.directory = directory
         self.cache_dir = directory / "lemonkit-cache"
         self.proxy_port, self.service_port = free_port(), free_port()

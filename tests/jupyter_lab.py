@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_process import JupyterServer
+from system_tools import INSTALL, missing
 
 __all__ = ["CHROMIUM", "Notebook", "chromium_page", "lab_server", "unavailable"]
 
@@ -41,7 +42,7 @@ LAB_CONFIG: dict[str, Any] = {
 def unavailable() -> str | None:
     """Why a browser test cannot run here, or ``None``."""
     if not CHROMIUM.exists():
-        return f"no {CHROMIUM} (apt-get install chromium; .ci/run does)"
+        return f"no {CHROMIUM}: {missing('chromium') or 'run `' + INSTALL['chromium'] + '`'}"
     for module in ("playwright", "jupyterlab"):
         if importlib.util.find_spec(module) is None:
             return f"{module} is not installed (pip install -e '.[test]')"

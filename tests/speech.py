@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import soundfile
 import soxr
+from system_tools import tool
 
 __all__ = ["FORMATS", "SENTENCES", "convert", "normalised_words", "speech_wav", "word_error_rate", "word_errors"]
 
@@ -38,7 +39,7 @@ FORMATS = {
 def _espeak(text: str) -> tuple[bytes, int]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "speech.wav"
-        subprocess.run(["espeak-ng", "-w", str(out), text], check=True, capture_output=True, timeout=60)
+        subprocess.run([tool("espeak-ng"), "-w", str(out), text], check=True, capture_output=True, timeout=60)
         samples, rate = soundfile.read(out, dtype="float32")
     return samples.astype(np.float32).tobytes(), int(rate)
 
@@ -65,7 +66,7 @@ def speech_wav(text: str, *, rate: int = 16000, channels: int = 1, silence: floa
 def convert(wav: bytes, container: str) -> bytes:
     """``wav`` re-encoded as ``container`` (a key of :data:`FORMATS`) by ffmpeg."""
     result = subprocess.run(
-        ["ffmpeg", "-hide_banner", "-loglevel", "error", "-i", "pipe:0", *FORMATS[container], "pipe:1"],
+        [tool("ffmpeg"), "-hide_banner", "-loglevel", "error", "-i", "pipe:0", *FORMATS[container], "pipe:1"],
         input=wav,
         capture_output=True,
         check=True,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from system_tools import tool
 
 from lemonkit import audio
 from lemonkit.audio_methods import AudioRequest, audio_upload, speech_body, voices_of
@@ -75,7 +76,7 @@ EXPECTED_WORDS = [
 @pytest.fixture(scope="module")
 def spoken(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("speech") / "spoken.wav"
-    subprocess.run(["espeak-ng", "-w", str(path), "The quick brown fox jumps over the lazy dog."], check=True)
+    subprocess.run([tool("espeak-ng"), "-w", str(path), "The quick brown fox jumps over the lazy dog."], check=True)
     return path
 
 

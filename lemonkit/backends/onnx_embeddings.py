@@ -5,7 +5,7 @@ The model is a directory in the layout of sentence-transformers' hub repos with 
 (or ``model.onnx``) taking ``input_ids``, ``attention_mask`` (and ``token_type_ids``) and returning the last hidden
 state; ``tokenizer.json``; ``1_Pooling/config.json`` (mean or CLS pooling; mean without it); and
 ``sentence_bert_config.json``, whose ``max_seq_length`` is where inputs are truncated, as sentence-transformers
-truncates them. The bundled all-MiniLM-L6-v2 is converted into this layout by :mod:`lemonkit.bert_onnx`.
+truncates them. The bundled all-MiniLM-L6-v2 is laid out this way by :mod:`lemonkit.minilm_bundle`.
 
 Lemonade's ``onnxruntime`` recipe also classifies; this engine only embeds (classification models of the recipe are
 listed as unsupported, see :mod:`lemonkit.catalog`).

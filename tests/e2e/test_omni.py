@@ -26,6 +26,7 @@ import pytest
 from conftest import API_KEY, CACHE_DIR, HF_CACHE, TINY, Host, Standalone
 from IPython.core.formatters import DisplayFormatter
 from PIL import Image
+from system_tools import tool
 
 from lemonkit.client import Client
 from lemonkit.omni.media import MAX_DELTA_CHARS, find_media
@@ -95,7 +96,7 @@ def png_of(media_b64: str) -> Image.Image:
 def seconds_of_mp3(data: bytes) -> float:
     """The duration ffmpeg decodes from ``data`` (it fails on what is not audio)."""
     pcm = subprocess.run(
-        ["ffmpeg", "-v", "error", "-f", "mp3", "-i", "pipe:0", "-f", "s16le", "-ac", "1", "-ar", "16000", "pipe:1"],
+        [tool("ffmpeg"), "-v", "error", "-f", "mp3", "-i", "pipe:0", "-f", "s16le", "-ac", "1", "-ar", "16k", "pipe:1"],
         input=data,
         capture_output=True,
         check=True,

