@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import socket
+import struct
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -337,3 +340,44 @@ async def test_a_body_past_the_total_deadline_is_an_error_event(deadline_standal
     finally:
         live.close()
     assert str(IDLE_MS) in _error(events, "total_timeout")["message"]
+
+
+def _gone_client(host: Host) -> None:
+    """One connection that pipelines ``GET health`` and a live request's head, then resets (RST) without reading:
+    the server reads both, its answer to the first meets the reset, and the second is read from the buffer of a
+    connection that is already closed."""
+    url = urlsplit(f"{host.api}/{PATH}")
+    auth = f"Authorization: Bearer {host.token}\r\n" if host.token else ""
+    head = f"Host: {url.netloc}\r\n{auth}"
+    health = f"GET {url.path.rsplit('/', 3)[0]}/health HTTP/1.1\r\n{head}\r\n"
+    live = f"POST {url.path}?model={MODEL} HTTP/1.1\r\n{head}Transfer-Encoding: chunked\r\n\r\n"
+    with socket.create_connection((url.hostname, url.port)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.sendall((health + live).encode())
+
+
+async def test_a_client_gone_before_the_body_is_read_is_no_500(
+    host: Host, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The route found the IOStream's socket gone (``None``) and answered 500 with an AttributeError."""
+    caplog.set_level(logging.INFO)
+    log: list[str] = request.getfixturevalue("standalone").log if host.kind == "standalone" else []
+    start = len(log)
+
+    def gone() -> int:  # the requests the server saw closed before it read them
+        if host.kind == "standalone":  # its access log (warnings: every status from 400 on)
+            return sum(f"499 POST {urlsplit(host.api).path}/{PATH}" in line for line in log[start:])
+        return sum("closed the connection before the request was read" in r.getMessage() for r in caplog.records)
+
+    def failed() -> list[str]:
+        lines = [line for line in log[start:] if " 500 " in line or "Traceback" in line]
+        return lines + [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+    for _ in range(5):  # whether the reset reaches the server before or after it reads is the kernel's: try 5
+        _gone_client(host)
+    async with asyncio.timeout(WAIT):
+        while gone() == 0 and not failed():
+            await asyncio.sleep(0.05)
+    async with host.client() as client:  # and the server serves on
+        assert (await client.get("health")).status_code == 200
+    assert failed() == []
