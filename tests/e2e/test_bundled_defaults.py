@@ -82,7 +82,7 @@ async def test_bundled_embeddings_match_sentence_transformers(standalone: Standa
         httpx.post(host.api + "/unload", headers=host.headers, timeout=60).raise_for_status()
     vectors = np.array([d.embedding for d in result.data])
     cosine = dict(zip(REFERENCE, (vectors * reference).sum(axis=1).round(6), strict=True))
-    # the bundled encoder has int8 weights: a word or a sign drifts most (0.996 measured), sentences hardly (0.9993)
+    # the bundled encoder has int8 weights: a word or a sign drifts most ("!": 0.9955), sentences hardly (0.9993)
     assert all(value > (0.995 if len(text) < 8 else 0.999) for text, value in cosine.items()), cosine
 
 
