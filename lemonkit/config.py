@@ -281,6 +281,11 @@ class Settings:
             503 (``queue_full``) at once (``LEMONKIT_MAX_QUEUE``; ``0``: no bound).
         omni_max_rounds: Rounds of built-in tool calls one chat request on an omni collection may run before the
             model must answer without tools (``LEMONKIT_OMNI_MAX_ROUNDS``).
+        llamacpp_backend: The llama.cpp build models run on unless they name one (``LEMONKIT_LLAMACPP_BACKEND``;
+            default: the best installed for this machine's devices, see
+            :func:`lemonkit.system_info.default_llamacpp_backend`).
+        backend_wheels_dir: Where wheels of llama.cpp builds are kept, so a reinstall does not compile again
+            (``LEMONKIT_BACKEND_WHEELS``; default ``<cache_dir>/backends/wheels``).
 
     Raises:
         ValueError: A bad server-wide ``llamacpp_args``, or a negative ``max_queue``.
@@ -320,6 +325,24 @@ class Settings:
     user_limits: UserLimits = field(default_factory=UserLimits.from_env)
     max_queue: int = field(default_factory=lambda: _env_int("LEMONKIT_MAX_QUEUE", DEFAULT_MAX_QUEUE))
     omni_max_rounds: int = field(default_factory=lambda: _env_int("LEMONKIT_OMNI_MAX_ROUNDS", DEFAULT_OMNI_MAX_ROUNDS))
+    llamacpp_backend: str | None = field(
+        default_factory=lambda: os.environ.get("LEMONKIT_LLAMACPP_BACKEND", "").strip() or None
+    )
+    backend_wheels_dir: Path | None = field(
+        default_factory=lambda: (
+            Path(os.environ["LEMONKIT_BACKEND_WHEELS"]).expanduser()
+            if os.environ.get("LEMONKIT_BACKEND_WHEELS")
+            else None
+        )
+    )
+    #: the best llama.cpp build installed for this machine's devices (the manager reads it off the loop, the
+    #: installer after each change): the default ``llamacpp_backend`` where the operator set none
+    detected_llamacpp_backend: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def backend_wheels(self) -> Path:
+        """Where the wheels of llama.cpp builds are kept (``LEMONKIT_BACKEND_WHEELS``; default under the cache)."""
+        return self.backend_wheels_dir or self.cache_dir / "backends" / "wheels"
 
     def __post_init__(self) -> None:
         if self.max_queue < 0:
@@ -344,4 +367,6 @@ class Settings:
             options["ctx_size"] = self.ctx_size
         if recipe == "llamacpp" and self.llamacpp_args:
             options["llamacpp_args"] = self.llamacpp_args
+        if recipe == "llamacpp" and (self.llamacpp_backend or self.detected_llamacpp_backend):
+            options["llamacpp_backend"] = self.llamacpp_backend or self.detected_llamacpp_backend
         return options

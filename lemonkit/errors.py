@@ -100,6 +100,27 @@ class BackendUnsupported(InvalidRequest):
     code = "backend_unsupported"
 
 
+class BackendNotInstalled(InvalidRequest):
+    """A model asks for a backend build that is not installed (or must be rebuilt first); the message names the
+    install action."""
+
+    code = "backend_not_installed"
+
+
+class PrerequisitesMissing(InvalidRequest):
+    """``POST /v1/install`` of a build whose compilers, headers or SDKs are missing; the message names the
+    commands that install them."""
+
+    code = "prerequisites_missing"
+
+
+class BackendUnavailable(LemonkitError, RuntimeError):
+    """An installed backend build does not start (its libraries fail to load): reinstall it with ``force``."""
+
+    status = 503
+    code = "backend_unavailable"
+
+
 class Unauthorized(LemonkitError, PermissionError):
     status = 401
     type = "authentication_error"

@@ -10,9 +10,10 @@ import os
 import struct
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-__all__ = ["gguf_has_key", "read_gguf_context_length"]
+__all__ = ["Layout", "gguf_has_key", "read_gguf_context_length", "read_gguf_layout"]
 
 _context_cache: dict[tuple[str, int, int], int | None] = {}
 _context_lock = threading.Lock()
@@ -143,3 +144,106 @@ def gguf_has_key(path: str | os.PathLike[str], key: str) -> bool:
     except (OSError, ValueError, struct.error, KeyError):
         pass
     return False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a GGUF model needs in memory, from its header: weights by tensor and the shape of its KV cache.
+
+    Attributes:
+        arch: ``general.architecture``.
+        n_layer: Repeating blocks (``<arch>.block_count``).
+        layer_bytes: Bytes of each block's tensors (``blk.<i>.*``), by block.
+        other_bytes: Bytes of the rest: ``token_embd`` (kept on the CPU by llama.cpp), ``output``, norms.
+        output_bytes: Bytes of ``output.*`` (the output layer, offloaded with the last "layer").
+        kv_width: Per block, the K plus V values one cached token holds (``n_head_kv * (key_length +
+            value_length)``).
+        n_embd: ``<arch>.embedding_length``.
+        n_vocab: Tokens in the vocabulary.
+    """
+
+    arch: str
+    n_layer: int
+    layer_bytes: tuple[int, ...]
+    other_bytes: int
+    output_bytes: int
+    kv_width: tuple[int, ...]
+    n_embd: int
+    n_vocab: int
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.layer_bytes) + self.other_bytes
+
+
+def read_gguf_layout(path: str | os.PathLike[str]) -> Layout | None:
+    """The :class:`Layout` of a GGUF file, or ``None`` when it is unreadable or lacks the keys (not an LLM).
+
+    Reads the key/value section and the tensor table, never the tensors: a few milliseconds for any model size.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb", buffering=1 << 16) as f:
+            return _scan_layout(f, size)
+    except (OSError, ValueError, struct.error, KeyError):
+        return None
+
+
+def _scan_layout(f: BinaryIO, file_size: int) -> Layout | None:
+    scan = _Scanner(f)
+    values: dict[str, Any] = {}
+    n_vocab = 0
+    for name, vtype in scan.keys():
+        if vtype == scan.types.STRING and name == "general.architecture":
+            values[name] = scan.read_str()
+        elif vtype in scan.scalar:
+            values[name] = scan.read(scan.scalar[vtype])
+        elif vtype == scan.types.ARRAY and name.endswith(".attention.head_count_kv"):
+            item, count = scan.types(scan.read("<I")), scan.read("<Q")
+            values[name] = [scan.read(scan.scalar[item]) for _ in range(count)]
+        elif vtype == scan.types.ARRAY and name == "tokenizer.ggml.tokens":
+            item, n_vocab = scan.types(scan.read("<I")), scan.read("<Q")
+            for _ in range(n_vocab):
+                scan.skip(item)
+        else:
+            scan.skip(vtype)
+    arch = values.get("general.architecture")
+    if not arch or f"{arch}.block_count" not in values:
+        return None
+    f.seek(8)  # magic, version
+    n_tensors = scan.read("<Q")
+    f.seek(0)
+    for _name, vtype in scan.keys():  # again, to reach the tensor table after the keys
+        scan.skip(vtype)
+    tensors: list[tuple[str, int]] = []
+    for _ in range(n_tensors):
+        name = scan.read_str()
+        dims = scan.read("<I")
+        f.seek(8 * dims + 4, os.SEEK_CUR)  # the shape and the type: sizes come from the offsets
+        tensors.append((name, scan.read("<Q")))
+    alignment = int(values.get("general.alignment", 32))
+    data_start = -(-f.tell() // alignment) * alignment
+    n_layer = int(values[f"{arch}.block_count"])
+    layer_bytes = [0] * n_layer
+    other = output = 0
+    ordered = sorted(tensors, key=lambda t: t[1])
+    for i, (name, offset) in enumerate(ordered):
+        end = ordered[i + 1][1] if i + 1 < len(ordered) else file_size - data_start
+        nbytes = end - offset
+        if name.startswith("blk."):
+            block = int(name.split(".", 2)[1])
+            if block < n_layer:
+                layer_bytes[block] += nbytes
+                continue
+        other += nbytes
+        if name.startswith("output."):
+            output += nbytes
+    n_head = int(values.get(f"{arch}.attention.head_count", 0) or 0)
+    n_embd = int(values.get(f"{arch}.embedding_length", 0) or 0)
+    heads_kv = values.get(f"{arch}.attention.head_count_kv", n_head)
+    per_layer_kv = list(heads_kv) if isinstance(heads_kv, list) else [int(heads_kv)] * n_layer
+    head_dim = n_embd // n_head if n_head else 0
+    k = int(values.get(f"{arch}.attention.key_length", head_dim))
+    v = int(values.get(f"{arch}.attention.value_length", head_dim))
+    kv_width = tuple(int(h) * (k + v) for h in (per_layer_kv + [0] * n_layer)[:n_layer])
+    return Layout(arch, n_layer, tuple(layer_bytes), other, output, kv_width, n_embd, n_vocab)

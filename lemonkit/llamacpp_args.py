@@ -23,7 +23,7 @@ __all__ = ["FORBIDDEN_LLAMACPP_FLAGS", "merge_llamacpp_args", "parse_llamacpp_ar
 FORBIDDEN_LLAMACPP_FLAGS = frozenset({
     "-m", "--model", "-mm", "--mmproj", "-mmu", "--mmproj-url", "-md", "--model-draft", "--spec-draft-model",
     "--lora", "--chat-template-file",
-    "--port", "--host", "-c", "--ctx-size", "-ngl", "--n-gpu-layers", "--gpu-layers", "--jinja", "--no-jinja",
+    "--port", "--host", "-c", "--ctx-size", "--jinja", "--no-jinja",
     "--embeddings", "--embedding", "--reranking", "--rerank",
 })
 # fmt: on
@@ -62,6 +62,38 @@ def _load_mode(value: str) -> dict[str, bool]:
     return _LOAD_MODES[value]
 
 
+def _gpu_layers(value: str) -> int | str:
+    """llama-server's ``-ngl``: a count, ``all``, or ``auto`` (as many as fit in the device's free memory)."""
+    if value in ("all", "auto"):
+        return value
+    n = int(value)
+    if n < 0:
+        return "all"  # llama.cpp reads a negative count as every layer
+    return n
+
+
+def _devices(value: str) -> list[str]:
+    """``--device``: ggml device names separated by commas (``Vulkan0,Vulkan1``), or ``none`` (the CPU only)."""
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names or any(not n.replace("_", "").isalnum() for n in names):
+        raise ValueError("device names separated by commas (as --list-devices prints them), or none")
+    return [] if names == ["none"] else names
+
+
+def _split(value: str) -> list[float]:
+    parts = [float(v) for v in value.replace("/", ",").split(",") if v.strip()]
+    if not parts or any(p < 0 for p in parts) or sum(parts) <= 0:
+        raise ValueError("proportions separated by commas, such as 3,1")
+    return parts
+
+
+def _natural(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise ValueError("0 or more")
+    return n
+
+
 def _on_off(value: str) -> bool:
     v = value.lower()
     if v in ("on", "true", "1", "auto", "enabled"):
@@ -96,6 +128,12 @@ for _names, _key, _conv in (
     (("--chat-template",), "chat_template", str),
     (("-np", "--parallel"), "n_parallel", int),  # requests generated together (continuous batching)
     (("-lm", "--load-mode"), "load_mode", _load_mode),  # llama-server's successor of --[no-]mmap and --mlock
+    # offload: llama.cpp builds with a GPU backend (lemonkit.llamacpp_builds); the CPU build has nothing to offload to
+    (("-ngl", "--n-gpu-layers", "--gpu-layers"), "n_gpu_layers", _gpu_layers),
+    (("-dev", "--device"), "devices", _devices),
+    (("-sm", "--split-mode"), "split_mode", _choice({"none": 0, "layer": 1, "row": 2})),
+    (("-ts", "--tensor-split"), "tensor_split", _split),
+    (("-mg", "--main-gpu"), "main_gpu", _natural),
 ):
     for _name in _names:
         _VALUE_FLAGS[_name] = (_key, _conv)
@@ -112,6 +150,10 @@ _SWITCHES: dict[str, tuple[str, Any]] = {
     "--repack": ("repack", True),
     "-nr": ("repack", False),
     "--no-repack": ("repack", False),
+    "-nkvo": ("offload_kqv", False),
+    "--no-kv-offload": ("offload_kqv", False),
+    "-kvo": ("offload_kqv", True),
+    "--kv-offload": ("offload_kqv", True),
     # lemonkit's own (llama-server has no such mode): see lemonkit.backends.llamacpp.kernels
     "--batch-invariant": ("batch_invariant", True),
     "--no-batch-invariant": ("batch_invariant", False),

@@ -25,12 +25,22 @@ from typing import Any
 
 import httpx
 
-from lemonkit import logs
+from lemonkit import llamacpp_builds, logs
 from lemonkit.backends import handoff, remote, sidecar_env
 from lemonkit.backends.base import NO_STATS, LoadSpec
 from lemonkit.backends.transport import connect
 from lemonkit.config import Settings
-from lemonkit.errors import Forbidden, LemonkitError, ModelLoadError, ModelLoadRefused, ModelNotFound, SlotsPinned
+from lemonkit.errors import (
+    BackendNotInstalled,
+    BackendUnavailable,
+    BackendUnsupported,
+    Forbidden,
+    LemonkitError,
+    ModelLoadError,
+    ModelLoadRefused,
+    ModelNotFound,
+    SlotsPinned,
+)
 from lemonkit.fairness import FairScheduler
 from lemonkit.options import AUTO_CTX_SIZE, RECIPE_OPTIONS, ResolvedOptions, check_runnable, is_unset, resolve_options
 from lemonkit.registry import ModelInfo, Registry
@@ -66,6 +76,8 @@ class LoadedModel:
     model_path: Path | None = None
     #: a remote model's endpoints (its ``client`` forwards to them)
     upstream: remote.Upstream | None = None
+    #: the llama.cpp build installed apart that its sidecar runs on (``None``: lemonkit's own, or not llama.cpp)
+    build: str | None = None
 
     @property
     def name(self) -> str:
@@ -88,6 +100,9 @@ class LoadedModel:
         return f"unix:{self.socket_path}"
 
     def health(self) -> dict[str, Any]:
+        placement: dict[str, Any] = {
+            k: self.engine_info[k] for k in ("backend", "devices", "offload") if k in self.engine_info
+        }
         return {
             "model_name": self.name,
             "checkpoint": self.info.checkpoint,
@@ -98,6 +113,7 @@ class LoadedModel:
             "pid": self.process.pid if self.process is not None else None,
             "recipe_options": self.reported_options(),
             "backend_url": self.backend_url,
+            **placement,
             **({"endpoints": self.upstream.health()} if self.upstream is not None else {}),
         }
 
@@ -184,7 +200,39 @@ class ModelManager:
         unless ``saved`` is given."""
         if saved is None:
             saved = await asyncio.to_thread(self.registry.saved_options, info.id)
+        await self.detect_backends()
         return resolve_options(info, self.settings, saved, request)
+
+    async def detect_backends(self, *, again: bool = False) -> None:
+        """Work out the default llama.cpp backend (the best build installed for this machine), once, off the loop."""
+        if self.settings.detected_llamacpp_backend is None or again:
+            from lemonkit.system_info import llamacpp_backends
+
+            _, default = await asyncio.to_thread(llamacpp_backends, self.settings.recipes, self.settings.cache_dir)
+            self.settings.detected_llamacpp_backend = default
+
+    async def check_backend(self, recipe: str, backend: str, *, installed: bool) -> None:
+        """Refuse a backend this machine cannot run, or (``installed``) one whose build is not installed.
+
+        Raises:
+            BackendUnsupported: The recipe table has no such backend, or it cannot run here.
+            BackendNotInstalled: ``installed`` and it is not installed, or must be rebuilt first; the message names the
+                install action.
+        """
+        from lemonkit.system_info import backend_status, detect_devices
+
+        spec = self.settings.recipes.get(recipe, {}).get("backends", {}).get(backend)
+        if spec is None:
+            raise BackendUnsupported(f"{recipe}_backend {backend!r}: lemonkit's recipe table has no such backend")
+        cache = self.settings.cache_dir
+        status = await asyncio.to_thread(lambda: backend_status(spec, detect_devices(), cache_dir=cache))
+        if status["state"] == "unsupported":
+            raise BackendUnsupported(f"{recipe}_backend {backend!r} cannot run on this machine: {status['message']}")
+        if installed and status["state"] != "installed":
+            raise BackendNotInstalled(
+                f"{recipe}:{backend} is {'not installed' if status['state'] == 'installable' else status['state']}"
+                f" ({status['message']}); install it: {status['action']}"
+            )
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
 
@@ -218,8 +266,10 @@ class ModelManager:
         info = await asyncio.to_thread(self.registry.get, name)
         saved = await asyncio.to_thread(self.registry.saved_options, info.id)
         request = {k: v for k, v in (options or {}).items() if k in RECIPE_OPTIONS.get(info.recipe, ())}
-        resolved = resolve_options(info, self.settings, saved, request).effective
+        resolved = (await self.options_for(info, request, saved=saved)).effective
         check_runnable(resolved)  # before a download: what the load would refuse is refused now
+        if info.recipe == "llamacpp" and info.remote is None:
+            await self.check_backend("llamacpp", str(resolved["llamacpp_backend"]), installed=True)
         await self._download(info)
         if save_options:
             await asyncio.to_thread(self.registry.update_options, info.id, partial(_replace_options, info, request))
@@ -429,8 +479,21 @@ class ModelManager:
             "chat_format": info.chat_format,
             "options": options,
         }
-        model = await self._spawn(info, spec, options)
+        build = None
+        env_path: str | None = None
+        if info.recipe == "llamacpp":
+            backend = str(options.get("llamacpp_backend") or "cpu")
+            found = await asyncio.to_thread(llamacpp_builds.installed, self.settings.cache_dir, backend)
+            if found is not None and not (backend == "cpu" and llamacpp_builds.own_version()):
+                build, env_path = backend, str(found.site)
+            elif backend != "cpu":
+                raise BackendNotInstalled(
+                    f"llamacpp:{backend} is not installed; install it: POST /v1/install "
+                    f'{{"recipe": "llamacpp", "backend": "{backend}"}}'
+                )
+        model = await self._spawn(info, spec, options, site=env_path)
         model.model_path = files.main
+        model.build = build
         return model
 
     async def _connect(self, info: ModelInfo) -> LoadedModel:
@@ -481,10 +544,17 @@ class ModelManager:
         task.add_done_callback(self._captures.discard)
         return task
 
-    async def _spawn(self, info: ModelInfo, spec: LoadSpec, options: dict[str, Any]) -> LoadedModel:
+    async def _spawn(
+        self, info: ModelInfo, spec: LoadSpec, options: dict[str, Any], *, site: str | None = None
+    ) -> LoadedModel:
+        """Start ``info``'s sidecar and wait for it to load; ``site`` goes first on its ``PYTHONPATH`` (a llama.cpp
+        build installed apart, whose ``llama_cpp`` it then imports)."""
         self._counter += 1
         self.loads_started += 1
         socket_path = str(self._run_dir / f"{self._counter}.sock")
+        env = sidecar_env(spec["recipe"])
+        if site is not None:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH")) if p)
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -493,7 +563,7 @@ class ModelManager:
             socket_path,
             "--ping-interval",
             str(self.settings.ping_interval),
-            env=sidecar_env(spec["recipe"]),
+            env=env,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -514,7 +584,14 @@ class ModelManager:
         if not message.get("ready"):
             await _end(process)
             await asyncio.wait([stderr_task], timeout=5)  # the pipe's last lines, now that the process is gone
-            reason = (message.get("error") or {}).get("message") or " | ".join(stderr_tail)
+            error = message.get("error") or {}
+            reason = error.get("message") or " | ".join(stderr_tail)
+            if error.get("code") == "backend_unavailable":  # the engine's libraries do not load: not the model's fault
+                backend = options.get("llamacpp_backend", "cpu")
+                raise BackendUnavailable(
+                    f"Failed to load {info.id}: the llamacpp:{backend} build does not start ({reason}); reinstall it: "
+                    f'POST /v1/install {{"recipe": "llamacpp", "backend": "{backend}", "force": true}}'
+                )
             raise ModelLoadError(f"Failed to load {info.id}: {reason or 'the engine process exited'}")
         self._capture(process.stdout, info.id)  # after the ready line, stdout is engine chatter: keep draining it
         client = connect(socket_path)

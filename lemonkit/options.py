@@ -64,8 +64,6 @@ RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 #: recipe -> the load options it understands (everything else in a request is not an option)
 RECIPE_OPTIONS: dict[str, tuple[str, ...]] = {recipe: tuple(names) for recipe, names in RECIPE_DEFAULTS.items()}
-#: backend option -> the values this build can run (the schema lists more; a load or save of another is refused)
-SUPPORTED_BACKENDS: dict[str, tuple[str, ...]] = {"llamacpp_backend": ("cpu",)}
 #: keys an options body may carry that are not options: ``model_name`` so ``effective`` posts back as is
 _BODY_KEYS = frozenset({"model_name", "dry_run"})
 _UNSET_SPELLINGS = (-1, "", "auto")
@@ -151,17 +149,12 @@ def _merge_flags(name: str, server: str, model: str) -> str:
 
 
 def check_runnable(options: Mapping[str, Any]) -> None:
-    """Refuse a backend this machine cannot run, or flags its engine would refuse, so a load fails at the request
-    rather than in a sidecar.
+    """Refuse flags the engine would refuse, so a load fails at the request rather than in a sidecar (whether the
+    backend a model names can run here is the manager's to check: it reads the machine).
 
     Raises:
-        InvalidArgument: ``options`` names an unavailable backend, or its ``llamacpp_args`` do not parse.
+        InvalidArgument: ``options``' ``llamacpp_args`` do not parse.
     """
-    for key, allowed in SUPPORTED_BACKENDS.items():
-        if key in options and options[key] not in allowed:
-            raise InvalidArgument(
-                f"{key} {options[key]!r} is not available on this machine (available: {', '.join(allowed)})"
-            )
     if options.get("llamacpp_args"):
         parse_llamacpp_args(str(options["llamacpp_args"]))
 

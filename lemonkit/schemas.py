@@ -451,7 +451,7 @@ RERANK = Obj(
     {"model": STR, "query": STR, "documents": Arr(STR, min_items=1), "top_n": POS_INT, "return_documents": BOOL},
     required=["query", "documents", "model"],
 )
-LLAMACPP_BACKEND = Str(["vulkan", "rocm", "metal", "cpu"])
+LLAMACPP_BACKEND = Str(["vulkan", "rocm", "metal", "cuda", "cpu"])  # cuda: lemonkit's, beside the spec's four
 LLAMACPP_ARGS = Str(rule=_forbid_flags(FORBIDDEN_LLAMACPP_FLAGS))
 LOAD = Obj(
     {

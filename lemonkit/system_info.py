@@ -25,18 +25,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lemonkit import accelerators, llamacpp_builds
+
 __all__ = [
     "DEFAULT_RECIPES",
     "backend_status",
+    "default_llamacpp_backend",
     "detect_devices",
+    "gpu_archs",
+    "install_action",
     "install_requirement",
+    "llamacpp_backends",
     "load_recipes",
     "refresh_installed",
     "system_info",
+    "wanted_llamacpp",
 ]
 
 #: recipe -> {"default_backend": name, "backends": {name: spec}}. A backend spec's keys, all optional:
-#:   devices      device kinds it runs on ("cpu", "amd_gpu", "nvidia_gpu", "amd_npu"); none present -> unsupported
+#:   devices      device kinds it runs on ("cpu", "amd_gpu", "nvidia_gpu", "amd_npu", "vulkan": a Vulkan device
+#:                ggml would use, "metal": Apple's GPU); none present -> unsupported
 #:   os           platform.system() value it requires ("Darwin" for Metal)
 #:   missing      message when its devices/OS are absent
 #:   unsupported  message that makes it unsupported regardless (lemonkit has no engine for it)
@@ -47,9 +55,13 @@ __all__ = [
 #:   requirement  what ``POST /v1/install`` asks pip for (default: lemonkit's own requirement for the
 #:                distribution in ``extra``, else ``distribution>=min_version``, else the distribution)
 #:   pip_args     extra ``pip install`` arguments (``--extra-index-url ...``, ``--find-links DIR``)
+#:   build        a llama.cpp backend lemonkit compiles (lemonkit.llamacpp_builds): its state is that of the build
+#:                installed apart under the cache (for "cpu": lemonkit's own first)
 #:   serves       deployment labels lemonkit's engine for the recipe serves, when fewer than the recipe's
 #:                (``onnxruntime``: embeddings, not classification); models of the others are unsupported
 DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
+    # llama.cpp: lemonkit's own CPU build (pip's, with lemonkit[llamacpp]) and the builds /v1/install compiles per
+    # backend into the cache (lemonkit.llamacpp_builds); "build" names the backend whose CMake flags make it
     "llamacpp": {
         "default_backend": "cpu",
         "backends": {
@@ -59,22 +71,12 @@ DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
                 "module": "llama_cpp",
                 "min_version": "0.3.36",
                 "extra": "llamacpp",
+                "build": "cpu",
             },
-            "vulkan": {
-                "devices": ["amd_gpu", "nvidia_gpu"],
-                "missing": "No GPU found.",
-                "unsupported": "lemonkit runs llama.cpp on the CPU only.",
-            },
-            "rocm": {
-                "devices": ["amd_gpu"],
-                "missing": "No AMD GPU found.",
-                "unsupported": "lemonkit runs llama.cpp on the CPU only.",
-            },
-            "metal": {
-                "os": "Darwin",
-                "missing": "Requires macOS",
-                "unsupported": "lemonkit runs llama.cpp on the CPU only.",
-            },
+            "vulkan": {"devices": ["vulkan"], "build": "vulkan", "missing": "No Vulkan GPU found."},
+            "cuda": {"devices": ["nvidia_gpu"], "build": "cuda", "missing": "No NVIDIA GPU found."},
+            "rocm": {"devices": ["amd_gpu"], "build": "rocm", "missing": "No AMD GPU found."},
+            "metal": {"devices": ["metal"], "os": "Darwin", "build": "metal", "missing": "Requires macOS"},
         },
     },
     "onnxruntime": {
@@ -209,13 +211,14 @@ def _cpu(root: Path) -> dict[str, Any]:
     }
 
 
-def _gpus(root: Path) -> dict[str, list[dict[str, Any]]]:
+def _gpus(root: Path, drivers: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The PCI display devices of AMD and NVIDIA, named and sized by their drivers where those answered."""
     found: dict[str, list[dict[str, Any]]] = {"amd_gpu": [], "nvidia_gpu": []}
     drm = root / "sys/class/drm"
     try:
         cards = sorted(p for p in drm.iterdir() if re.fullmatch(r"card\d+", p.name))
     except OSError:
-        return found
+        cards = []
     for card in cards:
         dev = card / "device"
         kind = _PCI_VENDORS.get(_read(dev / "vendor") or "")
@@ -230,6 +233,24 @@ def _gpus(root: Path) -> dict[str, list[dict[str, Any]]]:
         if vram and vram.isdigit():
             gpu["vram_gb"] = round(int(vram) / 1024**3, 1)
         found[kind].append(gpu)
+    nvidia = drivers.get("nvidia") or {}
+    if nvidia.get("gpus"):
+        # NVML is the driver itself: its list replaces what /sys could only number
+        found["nvidia_gpu"] = [
+            {
+                "name": g["name"],
+                "vram_gb": g["vram_gb"],
+                "available": True,
+                "family": f"sm_{g['compute_capability'].replace('.', '')}",
+                "driver_version": nvidia.get("driver_version"),
+                "cuda_version": nvidia.get("cuda_version"),
+            }
+            for g in nvidia["gpus"]
+        ]
+    targets = accelerators.kfd_gfx_targets(root)
+    if len(targets) == 1:  # one target names every AMD GPU; several cannot be matched to cards by order
+        for gpu in found["amd_gpu"]:
+            gpu["family"] = targets[0]
     return found
 
 
@@ -246,17 +267,47 @@ def _npu(root: Path) -> dict[str, Any] | None:
     return None
 
 
-def detect_devices(root: Path = Path("/")) -> dict[str, Any]:
+def detect_devices(root: Path = Path("/"), drivers: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``devices`` object. GPU arrays are present and empty when none is found; ``amd_npu`` only when present.
+
+    Besides the spec's kinds, ``vulkan`` lists every device the Vulkan loader reports (``ggml_name`` set on those
+    ggml-vulkan uses, ``available`` with it), and ``metal`` Apple's GPU on a Mac with Apple silicon.
 
     Args:
         root: Filesystem root holding ``proc/`` and ``sys/`` (tests point it at a fake tree).
+        drivers: What the GPU drivers report (:func:`lemonkit.accelerators.detect`; asked when ``root`` is ``/``,
+            else none).
     """
-    devices: dict[str, Any] = {"cpu": _cpu(root), **_gpus(root)}
+    if drivers is None:
+        drivers = accelerators.detect() if root == Path("/") else {}
+    devices: dict[str, Any] = {"cpu": _cpu(root), **_gpus(root, drivers)}
+    vulkan = (drivers.get("vulkan") or {}).get("devices") or []
+    devices["vulkan"] = [{**d, "available": d.get("ggml_name") is not None} for d in vulkan]
+    if drivers.get("metal"):
+        devices["metal"] = [{**d, "available": True} for d in drivers["metal"]["devices"]]
     npu = _npu(root)
     if npu is not None:
         devices["amd_npu"] = npu
     return devices
+
+
+def _present(kind: str, devices: Mapping[str, Any]) -> bool:
+    found = devices.get(kind)
+    if kind == "cpu":
+        return found is not None and bool(found["available"])
+    if isinstance(found, list):
+        return any(d.get("available", True) for d in found)
+    return bool(found)
+
+
+def gpu_archs(backend: str, devices: Mapping[str, Any]) -> list[str]:
+    """The architectures a ``backend`` build compiles for: those of the GPUs present (CUDA ``89``, ROCm
+    ``gfx1100``)."""
+    kind = {"cuda": "nvidia_gpu", "rocm": "amd_gpu"}.get(backend)
+    families = [g.get("family") for g in devices.get(kind or "", [])]
+    if backend == "cuda":
+        return sorted({f.removeprefix("sm_") for f in families if f})
+    return sorted({f for f in families if f})
 
 
 def _vtuple(version: str) -> tuple[int, ...]:
@@ -372,21 +423,48 @@ def load_recipes(path: str | os.PathLike[str] | None = None) -> dict[str, dict[s
     return recipes
 
 
-def backend_status(spec: Mapping[str, Any], devices: Mapping[str, Any]) -> dict[str, Any]:
-    """One backend's ``{"devices", "state", "message", "action"[, "version"]}`` on this machine."""
+def install_action(recipe: str, backend: str, *, force: bool = False) -> str:
+    """What ``action`` says for a backend lemonkit builds: the request that installs it."""
+    body = {"recipe": recipe, "backend": backend, **({"force": True} if force else {})}
+    return f"POST /v1/install {json.dumps(body)}"
+
+
+def wanted_llamacpp() -> str | None:
+    """The llama-cpp-python release every build is made of: lemonkit's own requirement, else the one installed."""
+    return _required_min(llamacpp_builds.DISTRIBUTION, "llamacpp") or llamacpp_builds.own_version()
+
+
+def backend_status(
+    spec: Mapping[str, Any],
+    devices: Mapping[str, Any],
+    *,
+    cache_dir: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """One backend's ``{"devices", "state", "message", "action"[, "version"]}`` on this machine.
+
+    Args:
+        spec: Its row of the recipe table.
+        devices: :func:`detect_devices`.
+        cache_dir: Where builds of llama.cpp backends live (rows with ``build``); ``None``: none are looked for.
+        environ: Where a build's prerequisites are looked up (default: this process's environment).
+    """
     system_ok = spec.get("os") is None or platform.system() == spec["os"]
-    present = [
-        kind for kind in spec.get("devices", []) if devices.get(kind) and (kind != "cpu" or devices[kind]["available"])
-    ]
+    present = [kind for kind in spec.get("devices", []) if _present(kind, devices)]
     if not system_ok or (spec.get("devices") and not present):
-        return {
-            "devices": [],
-            "state": "unsupported",
-            "message": spec.get("missing", "No supported device found."),
-            "action": "",
-        }
+        message = spec.get("missing", "No supported device found.")
+        if "vulkan" in spec.get("devices", []) and devices.get("vulkan"):
+            names = ", ".join(f"{d['name']} ({d['type']})" for d in devices["vulkan"])
+            message = (
+                f"{message} The Vulkan devices, {names}, are not ones ggml uses by default: a CPU-type device is "
+                "slower than the CPU build. Set GGML_VK_VISIBLE_DEVICES (0 for the first) to use one."
+            )
+        return {"devices": [], "state": "unsupported", "message": message, "action": ""}
     if spec.get("unsupported"):
         return {"devices": [], "state": "unsupported", "message": spec["unsupported"], "action": ""}
+    build = spec.get("build")
+    if build and build != "cpu":
+        return _build_status(str(build), spec, present, devices, cache_dir, environ)
     dist = spec.get("distribution")
     if dist is None:
         return {"devices": present, "state": "installed", "message": "", "action": ""}
@@ -398,6 +476,8 @@ def backend_status(spec: Mapping[str, Any], devices: Mapping[str, Any]) -> dict[
         version = None
     module = spec.get("module")
     if version is None or (module and importlib.util.find_spec(module) is None):
+        if build == "cpu":  # not in lemonkit's own environment: a build /v1/install made apart counts
+            return _build_status("cpu", spec, present, devices, cache_dir, environ, own_action=f"pip install {target}")
         return {
             "devices": present,
             "state": "installable",
@@ -416,6 +496,39 @@ def backend_status(spec: Mapping[str, Any], devices: Mapping[str, Any]) -> dict[
     return {"devices": present, "state": "installed", "message": "", "action": "", "version": version}
 
 
+def _build_status(
+    backend: str,
+    spec: Mapping[str, Any],
+    present: list[str],
+    devices: Mapping[str, Any],
+    cache_dir: Path | None,
+    environ: Mapping[str, str] | None,
+    *,
+    own_action: str | None = None,
+) -> dict[str, Any]:
+    """The state of a llama.cpp build installed apart under ``cache_dir``."""
+    wanted = wanted_llamacpp() or spec.get("min_version")
+    build = llamacpp_builds.installed(cache_dir, backend) if cache_dir is not None else None
+    if build is not None and (wanted is None or build.version == wanted):
+        return {"devices": present, "state": "installed", "message": "", "action": "", "version": build.version}
+    if build is not None:
+        return {
+            "devices": present,
+            "state": "update_required",
+            "message": f"Backend update is required before use (built from {llamacpp_builds.DISTRIBUTION} "
+            f"{build.version}, lemonkit runs {wanted}).",
+            "action": install_action("llamacpp", backend),
+            "version": build.version,
+        }
+    plan = llamacpp_builds.plan(backend, environ=environ, gpu_archs=gpu_archs(backend, devices))
+    message = "Backend is supported but not installed."
+    action = own_action or install_action("llamacpp", backend)
+    if plan.missing and own_action is None:
+        message += " Building it needs: " + "; ".join(str(m) for m in plan.missing) + "."
+        action = plan.missing[0].install
+    return {"devices": present, "state": "installable", "message": message, "action": action}
+
+
 def _memory(root: Path) -> str:
     meminfo = _read(root / "proc/meminfo") or ""
     m = re.search(r"^MemTotal:\s*(\d+)\s*kB", meminfo, re.M)
@@ -429,23 +542,57 @@ def _memory(root: Path) -> str:
     return f"{total / 1024**3:.1f} GB"
 
 
-def system_info(recipes: Mapping[str, Mapping[str, Any]] | None = None, *, root: Path = Path("/")) -> dict[str, Any]:
+def default_llamacpp_backend(backends: Mapping[str, Mapping[str, Any]]) -> str:
+    """The best installed llama.cpp backend for this machine's devices: a GPU build whose devices are present
+    (CUDA, ROCm, Metal, then Vulkan), else the CPU build. A Vulkan device counts only where ggml uses it, and a
+    CPU-type one (lavapipe) is never chosen here, however the operator opted in: it is slower than the CPU."""
+    for name in llamacpp_builds.GPU_BACKENDS:
+        status = backends.get(name) or {}
+        if status.get("state") == "installed" and status.get("devices") and status.get("gpu", True):
+            return name
+    return "cpu"
+
+
+def llamacpp_backends(
+    recipes: Mapping[str, Mapping[str, Any]], cache_dir: Path | None
+) -> tuple[dict[str, dict[str, Any]], str]:
+    """Each llama.cpp backend's status on this machine, and the default (see :func:`default_llamacpp_backend`)."""
+    devices = detect_devices()
+    table = recipes.get("llamacpp", {})
+    backends = {n: backend_status(spec, devices, cache_dir=cache_dir) for n, spec in table.get("backends", {}).items()}
+    return backends, default_llamacpp_backend({n: {**b, "gpu": _gpu_devices(n, devices)} for n, b in backends.items()})
+
+
+def system_info(
+    recipes: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    root: Path = Path("/"),
+    cache_dir: Path | None = None,
+    drivers: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The ``GET /v1/system-info`` body for this machine.
 
     Args:
         recipes: Recipe table in the :data:`DEFAULT_RECIPES` format (default: that table).
         root: Filesystem root for ``proc/``/``sys/`` (tests only).
+        cache_dir: Where llama.cpp builds live (``Settings.cache_dir``).
+        drivers: What the GPU drivers report (default: asked, see :func:`detect_devices`).
 
     The Windows-only fields of the spec (OEM System, BIOS Version, ...) are left out.
     """
-    devices = detect_devices(root)
+    devices = detect_devices(root, drivers)
     out_recipes: dict[str, Any] = {}
     for recipe, table in (DEFAULT_RECIPES if recipes is None else recipes).items():
-        backends = {name: backend_status(spec, devices) for name, spec in table.get("backends", {}).items()}
+        backends = {
+            name: backend_status(spec, devices, cache_dir=cache_dir) for name, spec in table.get("backends", {}).items()
+        }
         entry: dict[str, Any] = {}
         usable = [name for name, b in backends.items() if b["state"] != "unsupported"]
         if usable:  # spec: present when at least one backend is not unsupported
             default = table.get("default_backend")
+            if recipe == "llamacpp":
+                gpu = {n: {**b, "gpu": _gpu_devices(n, devices)} for n, b in backends.items()}
+                default = default_llamacpp_backend(gpu) if default == "cpu" else default
             entry["default_backend"] = default if default in usable else usable[0]
         entry["backends"] = backends
         out_recipes[recipe] = entry
@@ -456,3 +603,10 @@ def system_info(recipes: Mapping[str, Mapping[str, Any]] | None = None, *, root:
         "devices": devices,
         "recipes": out_recipes,
     }
+
+
+def _gpu_devices(backend: str, devices: Mapping[str, Any]) -> bool:
+    """Whether ``backend`` would run on a real GPU here (not only a CPU-type Vulkan device)."""
+    if backend == "vulkan":
+        return any(d.get("available") and d.get("type") != "cpu" for d in devices.get("vulkan", []))
+    return True

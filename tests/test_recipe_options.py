@@ -210,7 +210,6 @@ def test_parse_and_apply_changes() -> None:
         {"whispercpp_args": "x"},
         {"ctx_size": 0},
         {"ctx_size": "auto"},
-        {"llamacpp_backend": "vulkan"},
         {"llamacpp_args": "--bogus"},
         {"llamacpp_args": "--ctx-size 5"},
         {"merge_args": "auto"},  # only null removes a boolean

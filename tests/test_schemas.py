@@ -383,8 +383,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("load", {"model_name": "m", "ctx_size": 4096.0}, "ctx_size: expected integer"),
     (
         "load",
-        {"model_name": "m", "llamacpp_backend": "cuda"},
-        "llamacpp_backend: expected one of vulkan, rocm, metal, cpu",
+        {"model_name": "m", "llamacpp_backend": "tpu"},
+        "llamacpp_backend: expected one of vulkan, rocm, metal, cuda, cpu",
     ),
     ("load", {"model_name": "m", "llamacpp_args": ["--no-mmap"]}, "llamacpp_args: expected string"),
     ("load", {"model_name": "m", "llamacpp_args": "--foo 'unclosed"}, "llamacpp_args: cannot parse"),
@@ -412,10 +412,12 @@ def test_forbidden_llamacpp_flags(flag: str, form: str) -> None:
 
 
 def test_spec_forbidden_list_is_covered() -> None:
-    # the spec's list for POST /v1/load, plus the aliases the brief calls out
-    spec = {"-m", "--port", "--ctx-size", "-ngl", "--jinja", "--mmproj", "--embeddings", "--reranking"}
-    aliases = {"--model", "-c", "--n-gpu-layers", "--embedding", "--rerank"}
+    # the spec's list for POST /v1/load, plus the aliases the brief calls out; -ngl is the spec's too, but where
+    # Lemonade chooses the offload itself, lemonkit's builds let the model's options choose it (llama-server's -ngl)
+    spec = {"-m", "--port", "--ctx-size", "--jinja", "--mmproj", "--embeddings", "--reranking"}
+    aliases = {"--model", "-c", "--embedding", "--rerank"}
     assert spec | aliases <= FORBIDDEN_LLAMACPP_FLAGS
+    assert not {"-ngl", "--n-gpu-layers", "--gpu-layers"} & FORBIDDEN_LLAMACPP_FLAGS
 
 
 @pytest.mark.parametrize("args", ["--no-mmap -np 2", "--temp=0.5 --ctx-checkpoints 4", "--spec-draft-n-max 3", "-cb"])

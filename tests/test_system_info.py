@@ -61,9 +61,8 @@ def test_this_machine() -> None:
     for windows_only in ("OEM System", "BIOS Version", "CPU Max Clock", "Windows Power Setting"):
         assert windows_only not in info
     llamacpp = info["recipes"]["llamacpp"]
-    assert llamacpp["default_backend"] == "cpu"
     backends = llamacpp["backends"]
-    assert set(backends) == {"cpu", "vulkan", "rocm", "metal"}
+    assert set(backends) == {"cpu", "vulkan", "cuda", "rocm", "metal"}
     cpu_backend = backends["cpu"]
     if importlib.util.find_spec("llama_cpp") is None:
         assert cpu_backend["state"] == "installable"
@@ -73,11 +72,52 @@ def test_this_machine() -> None:
         assert cpu_backend["state"] in ("installed", "update_required")
         assert cpu_backend["version"] == importlib.metadata.version("llama-cpp-python")
     assert cpu_backend["devices"] == ["cpu"]
-    for name in ("vulkan", "rocm", "metal"):
-        assert backends[name]["state"] == "unsupported" and backends[name]["devices"] == []
-        assert backends[name]["message"] and backends[name]["action"] == ""
+    devices = info["devices"]
+    # each GPU backend is unsupported exactly where its devices are absent, and then says why
+    present = {
+        "vulkan": any(d["available"] for d in devices["vulkan"]),
+        "cuda": bool(devices["nvidia_gpu"]),
+        "rocm": bool(devices["amd_gpu"]),
+        "metal": bool(devices.get("metal")),
+    }
+    for name, found in present.items():
+        assert (backends[name]["state"] != "unsupported") == found, (name, backends[name])
+        if not found:
+            assert backends[name]["devices"] == [] and backends[name]["message"] and backends[name]["action"] == ""
     if platform.system() != "Darwin":
         assert backends["metal"]["message"] == "Requires macOS"
+    # the default is the CPU build unless a GPU build is installed for a GPU this machine has
+    if not any(b["state"] == "installed" for n, b in backends.items() if n != "cpu"):
+        assert llamacpp["default_backend"] == "cpu"
+
+
+#: Mesa's lavapipe registers itself with the Vulkan loader through this file
+LAVAPIPE_ICD = Path(f"/usr/share/vulkan/icd.d/lvp_icd.{platform.machine()}.json")
+
+
+@pytest.mark.skipif(not LAVAPIPE_ICD.exists(), reason=f"no Mesa lavapipe ({LAVAPIPE_ICD}): apt-get install mesa-vulkan-drivers")
+def test_the_vulkan_loader_reports_lavapipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    devices = detect_devices()["vulkan"]
+    lavapipe = [d for d in devices if d["name"].startswith("llvmpipe")]
+    assert len(lavapipe) == 1, devices
+    device = lavapipe[0]
+    assert device["type"] == "cpu" and device["vendor"] == "Mesa"
+    assert device["api_version"].startswith("1.") and device["memory_gb"] > 0
+    if "GGML_VK_VISIBLE_DEVICES" not in os.environ:
+        # a CPU-type device is not one ggml uses unless the operator opts in, so the backend says how
+        assert device["ggml_name"] is None and device["available"] is False
+        vulkan = system_info()["recipes"]["llamacpp"]["backends"]["vulkan"]
+        if not any(d["available"] for d in devices):
+            assert vulkan["state"] == "unsupported" and "GGML_VK_VISIBLE_DEVICES" in vulkan["message"]
+    monkeypatch.setenv("GGML_VK_VISIBLE_DEVICES", str(device["index"]))
+    opted = next(d for d in detect_devices()["vulkan"] if d["index"] == device["index"])
+    assert opted["ggml_name"] == "Vulkan0" and opted["available"] is True
+    info = system_info()["recipes"]["llamacpp"]
+    assert info["backends"]["vulkan"]["state"] != "unsupported" and info["backends"]["vulkan"]["devices"] == ["vulkan"]
+    if info["backends"]["vulkan"]["state"] == "installed" and not any(
+        d["available"] and d["type"] != "cpu" for d in detect_devices()["vulkan"]
+    ):
+        assert info["default_backend"] == "cpu"  # lavapipe is never the default, even opted in
 
 
 def test_this_machine_has_no_accelerator() -> None:
@@ -85,7 +125,9 @@ def test_this_machine_has_no_accelerator() -> None:
     devices = detect_devices()
     if devices["amd_gpu"] or devices["nvidia_gpu"] or "amd_npu" in devices:
         pytest.skip("this machine has an accelerator")
-    assert system_info()["recipes"]["llamacpp"]["backends"]["vulkan"]["message"] == "No GPU found."
+    backends = system_info()["recipes"]["llamacpp"]["backends"]
+    assert backends["cuda"]["message"] == "No NVIDIA GPU found."
+    assert backends["rocm"]["message"] == "No AMD GPU found."
 
 
 def test_fake_machine_devices(tmp_path: Path) -> None:
@@ -103,10 +145,38 @@ def test_fake_machine_without_accelerators(tmp_path: Path) -> None:
     assert info["devices"]["amd_gpu"] == [] and info["devices"]["nvidia_gpu"] == [] and "amd_npu" not in info["devices"]
 
 
-def test_gpu_present_but_engine_cpu_only(tmp_path: Path) -> None:
-    backends = system_info(root=_fake_root(tmp_path))["recipes"]["llamacpp"]["backends"]
-    assert backends["vulkan"]["state"] == "unsupported"
-    assert backends["vulkan"]["message"] == "lemonkit runs llama.cpp on the CPU only."
+def test_gpu_present_makes_its_build_installable(tmp_path: Path) -> None:
+    backends = system_info(root=_fake_root(tmp_path), cache_dir=tmp_path / "cache")["recipes"]["llamacpp"]["backends"]
+    for name in ("cuda", "rocm"):  # the fake tree has one AMD and one NVIDIA card
+        assert backends[name]["state"] == "installable" and backends[name]["devices"], backends[name]
+        assert backends[name]["message"].startswith("Backend is supported but not installed.")
+        assert backends[name]["action"]  # the install request, or the command for what its build lacks
+    assert backends["vulkan"]["state"] == "unsupported"  # no Vulkan driver answered for the fake tree
+
+
+def test_fake_vulkan_gpus_choose_vulkan_once_installed(tmp_path: Path) -> None:
+    from lemonkit import llamacpp_builds
+
+    drivers = {"vulkan": {"devices": [{"index": 0, "name": "Radeon", "type": "discrete_gpu", "ggml_name": "Vulkan0"}]}}
+    cache = tmp_path / "cache"
+    info = system_info(root=_fake_root(tmp_path, gpu=False, npu=False), cache_dir=cache, drivers=drivers)
+    assert info["recipes"]["llamacpp"]["default_backend"] == "cpu"  # the Vulkan build is not installed yet
+    site = llamacpp_builds.build_dir(cache, "vulkan") / "site" / "llama_cpp"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("")
+    (site.parent.parent / "build.json").write_text(json.dumps({"version": si.wanted_llamacpp()}))
+    info = system_info(root=tmp_path, cache_dir=cache, drivers=drivers)
+    assert info["recipes"]["llamacpp"]["backends"]["vulkan"]["state"] == "installed"
+    assert info["recipes"]["llamacpp"]["default_backend"] == "vulkan"
+    # a build of another llama-cpp-python release must be rebuilt before it runs
+    (site.parent.parent / "build.json").write_text(json.dumps({"version": "0.0.1"}))
+    vulkan = system_info(root=tmp_path, cache_dir=cache, drivers=drivers)["recipes"]["llamacpp"]["backends"]["vulkan"]
+    assert vulkan["state"] == "update_required" and vulkan["action"].startswith("POST /v1/install")
+    # a lavapipe-only machine never defaults to it, even installed and opted in
+    cpu_type = {"vulkan": {"devices": [{"index": 0, "name": "llvmpipe", "type": "cpu", "ggml_name": "Vulkan0"}]}}
+    (site.parent.parent / "build.json").write_text(json.dumps({"version": si.wanted_llamacpp()}))
+    info = system_info(root=tmp_path, cache_dir=cache, drivers=cpu_type)["recipes"]["llamacpp"]
+    assert info["backends"]["vulkan"]["state"] == "installed" and info["default_backend"] == "cpu"
 
 
 CPU_ONLY: dict[str, Any] = {"cpu": {"available": True}, "amd_gpu": [], "nvidia_gpu": []}

@@ -58,6 +58,7 @@ class LoadSpec(TypedDict, total=False):
     mmproj_path: str | None
     chat_format: str | None
     options: dict[str, Any]  # resolved recipe options: ctx_size, llamacpp_args, ...
+    device_budget: int | None  # bytes of device memory the model may take (the manager's placement), if capped
 
 
 @dataclass(frozen=True)

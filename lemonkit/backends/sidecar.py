@@ -387,7 +387,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         engine: Engine = engine_class(spec["recipe"])(spec)
     except Exception as exc:
-        _announce({"error": {"message": f"{type(exc).__name__}: {exc}"}})
+        error = {"message": f"{type(exc).__name__}: {exc}"}
+        if isinstance(exc, LemonkitError):
+            error["code"] = exc.code  # the manager tells a broken build from a bad model
+        _announce({"error": error})
         sys.exit(1)
 
     sock = _bind(args.socket)

@@ -2,22 +2,24 @@
 
 ``stream=true`` answers with SSE events named like ``/v1/pull``'s: one ``progress`` per line
 pip prints (``line``, plus pull's ``file``/``file_index``/``total_files``/``percent`` so a
-pull progress view can show it), then ``complete`` with the backend's new state, or
-``error``. Bad arguments and an unsupported backend are refused with a plain JSON error
-before the stream starts. pip is never interrupted by a client that leaves: a half-done
-install would leave the environment broken.
+pull progress view can show it; a llama.cpp build's ``percent`` follows its compile steps),
+then ``complete`` with the backend's new state, or ``error``. Bad arguments, an unsupported
+backend and a build's missing prerequisites are refused with a plain JSON error before the
+stream starts. pip is never interrupted by a client that leaves: a half-done install would
+leave the environment broken.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 from tornado.concurrent import Future
 
 from lemonkit.errors import LemonkitError
+from lemonkit.installer import LineSink
 from lemonkit.server.base import LemonkitHandler
 
 __all__ = ["InstallHandler", "UninstallHandler"]
@@ -39,7 +41,7 @@ class _BackendHandler(LemonkitHandler):
         """Refuse the request before anything runs (so a stream never starts for a bad one)."""
         raise NotImplementedError
 
-    def run(self, body: dict[str, Any], on_line: Callable[[str], None] | None) -> Awaitable[dict[str, Any]]:
+    def run(self, body: dict[str, Any], on_line: LineSink | None) -> Awaitable[dict[str, Any]]:
         raise NotImplementedError
 
     async def post(self) -> None:
@@ -60,10 +62,14 @@ class _BackendHandler(LemonkitHandler):
         }
         await self.sse_open()
 
-        def on_line(line: str) -> None:
+        percent = 0
+
+        def on_line(line: str, at: int | None) -> None:
             # pip's output is finite and small, so lines are written without waiting for a slow client
+            nonlocal percent
+            percent = max(percent, at or 0)
             if not self._client_gone:
-                self.write(sse_event("progress", {**target, "percent": 0, "line": line}))
+                self.write(sse_event("progress", {**target, "percent": percent, "line": line}))
                 self.flush().add_done_callback(_retrieve)
 
         try:
@@ -88,7 +94,7 @@ class InstallHandler(_BackendHandler):
     async def check(self, body: dict[str, Any]) -> None:
         await self.service.installer.check_install(body["recipe"], body["backend"], force=bool(body.get("force")))
 
-    def run(self, body: dict[str, Any], on_line: Callable[[str], None] | None) -> Awaitable[dict[str, Any]]:
+    def run(self, body: dict[str, Any], on_line: LineSink | None) -> Awaitable[dict[str, Any]]:
         installer = self.service.installer
         return installer.install(body["recipe"], body["backend"], force=bool(body.get("force")), on_line=on_line)
 
@@ -99,5 +105,5 @@ class UninstallHandler(_BackendHandler):
     async def check(self, body: dict[str, Any]) -> None:
         self.service.installer.check_uninstall(body["recipe"], body["backend"])
 
-    def run(self, body: dict[str, Any], on_line: Callable[[str], None] | None) -> Awaitable[dict[str, Any]]:
+    def run(self, body: dict[str, Any], on_line: LineSink | None) -> Awaitable[dict[str, Any]]:
         return self.service.installer.uninstall(body["recipe"], body["backend"], on_line=on_line)

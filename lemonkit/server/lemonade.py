@@ -133,7 +133,8 @@ class StatsHandler(LemonkitHandler):
 
 class SystemInfoHandler(LemonkitHandler):
     async def get(self) -> None:
-        self.write_json(await asyncio.to_thread(system_info, self.service.settings.recipes))
+        settings = self.service.settings
+        self.write_json(await asyncio.to_thread(system_info, settings.recipes, cache_dir=settings.cache_dir))
 
 
 class LiveHandler(LemonkitHandler):

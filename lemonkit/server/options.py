@@ -50,6 +50,9 @@ class ModelOptionsHandler(LemonkitHandler):
         registry = self.service.registry
         info = await self.service.lookup(model_id)
         changes, dry_run = parse_changes(info.recipe, body)  # raises before anything is written
+        backend = changes.get("llamacpp_backend")
+        if backend is not None:  # one that cannot run here is refused; one not installed yet may be saved
+            await self.service.manager.check_backend(info.recipe, str(backend), installed=False)
         if not dry_run:
             self.require_admin("changing a model's saved options")
         if dry_run:

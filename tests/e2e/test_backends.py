@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import importlib.metadata
 import json
+import os
 import site
 import subprocess
 import sys
@@ -63,8 +64,9 @@ def recipes_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     table = {
         "llamacpp": {
             "backends": {
-                # the real row, re-pointed: "extra": null drops lemonkit's own llama-cpp-python requirement
-                "cpu": {**probe, "extra": None, "min_version": "2.0"},
+                # the real row, re-pointed: "extra": null drops lemonkit's own llama-cpp-python requirement, and
+                # "build": null makes it a package pip installs rather than a llama.cpp build lemonkit compiles
+                "cpu": {**probe, "extra": None, "build": None, "min_version": "2.0"},
                 "probe-old": {**probe, "devices": ["cpu"], "requirement": f"{PROBE}==1.0"},
                 "probe-missing": {**probe, "devices": ["cpu"], "requirement": f"{PROBE}==9.9"},
                 "probe-gpu": {**probe, "devices": ["nvidia_gpu"], "missing": "No GPU found."},
@@ -255,10 +257,16 @@ async def test_unsupported_backend_is_refused_unless_forced(host: Host) -> None:
         assert backends["probe-gpu"]["state"] == "unsupported"  # installed, but still no GPU to run on
         assert backends["cpu"]["state"] == "installed"  # the same package
 
-        # lemonkit has nothing to install for llama.cpp on a GPU: refused even when forced
-        for force in (False, True):
-            response = await _post(client, "install", {"backend": "vulkan", "force": force})
+        # a GPU build on a machine without that GPU: refused; forced, its missing prerequisites are named
+        if Path("/opt/rocm").exists() or "ROCM_PATH" in os.environ:
+            return  # a machine with ROCm may well build it
+        for stream in (False, True):
+            response = await _post(client, "install", {"backend": "rocm", "stream": stream})
             assert response.status_code == 400 and response.json()["error"]["code"] == "backend_unsupported"
+            response = await _post(client, "install", {"backend": "rocm", "force": True, "stream": stream})
+            error = response.json()["error"]
+            assert response.status_code == 400 and error["code"] == "prerequisites_missing", error
+            assert "ROCm" in error["message"] and "rocm.docs.amd.com" in error["message"]
 
 
 @pytest.mark.parametrize(
@@ -269,7 +277,7 @@ async def test_unsupported_backend_is_refused_unless_forced(host: Host) -> None:
         ("install", {"backend": None}, "missing_argument"),
         ("install", {"backend": "cpu", "force": "yes"}, "invalid_argument"),
         ("uninstall", {"recipe": "no-such-recipe", "backend": "cpu"}, "invalid_argument"),
-        ("uninstall", {"backend": "vulkan"}, "invalid_argument"),  # part of lemonkit: nothing to uninstall
+        ("uninstall", {"recipe": "remote", "backend": "http"}, "invalid_argument"),  # part of lemonkit
     ],
 )
 async def test_bad_requests(host: Host, route: str, body: dict[str, Any], code: str) -> None:

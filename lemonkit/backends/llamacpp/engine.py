@@ -26,6 +26,7 @@ from lemonkit.backends.chat import (
 )
 from lemonkit.backends.llamacpp.batch import parallel_context
 from lemonkit.backends.llamacpp.cpu_turns import CpuTurns, Turn, any_cores, on_cores
+from lemonkit.backends.llamacpp.devices import Device, gpu_devices, load_on
 from lemonkit.backends.llamacpp.generation import Generator, Job, Sampling, check_arg, top_logprobs
 from lemonkit.backends.llamacpp.kernels import KernelsUnavailable, reference_kernels
 from lemonkit.backends.llamacpp.shapes import (
@@ -39,10 +40,11 @@ from lemonkit.backends.llamacpp.shapes import (
     completion_id,
 )
 from lemonkit.backends.llamacpp.vision import Vision, decode_data_url
-from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotApplicable, NotEmbeddingModel
-from lemonkit.gguf_header import read_gguf_context_length
+from lemonkit.errors import BackendUnavailable, InvalidArgument, ModelLoadError, ModelNotApplicable, NotEmbeddingModel
+from lemonkit.gguf_header import read_gguf_context_length, read_gguf_layout
 from lemonkit.llamacpp_args import parse_llamacpp_args
 from lemonkit.options import llamacpp_context_size
+from lemonkit.placement import MiB, estimate, fit_layers
 
 __all__ = ["LlamaCppEngine"]
 
@@ -84,7 +86,10 @@ class LlamaCppEngine:
         # libgomp's default wait policy (spin briefly, then sleep) is kept: OMP_WAIT_POLICY=PASSIVE halved a single
         # stream on a quiet machine (86 -> 48 tok/s on Gemma 3 270M, benchmarks/concurrency.py); ACTIVE spins forever
         # and starves every other process of its cores. An operator's own OMP_WAIT_POLICY still applies.
-        import llama_cpp
+        try:
+            import llama_cpp
+        except (ImportError, OSError, RuntimeError) as exc:  # its libraries do not load: the build, not the model
+            raise BackendUnavailable(f"llama_cpp does not import: {exc}") from exc
 
         self.spec = spec
         kind = spec.get("type") or "llm"
@@ -115,6 +120,8 @@ class LlamaCppEngine:
         if n_parallel < 1 or n_parallel > limit:
             raise InvalidArgument(f"--parallel must be from 1 to {limit}, got {n_parallel}")
         self._n_parallel = n_parallel if self.kind == "llm" else 1
+        n_ubatch = args.get("n_ubatch", DEFAULT_N_BATCH) if self.kind == "llm" else ctx
+        chosen = self._placement(spec, args, path, ctx=ctx, n_ubatch=n_ubatch)
         invariant, repack = self._kernel_choice(args)
         template_override: str | None = args.pop("chat_template", None)
 
@@ -136,6 +143,7 @@ class LlamaCppEngine:
             if self.kind == "reranking":
                 kwargs["pooling_type"] = llama_cpp.LLAMA_POOLING_TYPE_RANK
         kwargs.update(args)
+        kwargs["n_gpu_layers"] = self._offload["layers"]
         if self.kind == "llm" and kwargs["n_batch"] <= self._n_parallel:
             raise InvalidArgument(
                 f"--batch-size ({kwargs['n_batch']}) must be more than --parallel ({self._n_parallel}): "
@@ -143,11 +151,15 @@ class LlamaCppEngine:
             )
         self._kwargs = kwargs
         try:
-            if self.kind == "llm":
-                with self._kernels(invariant) as switched, parallel_context(self._n_parallel + switched, repack=repack):
-                    self._llm: Any = llama_cpp.Llama(model_path=path, **kwargs)
-            else:
-                self._llm = llama_cpp.Llama(model_path=path, **kwargs)
+            with load_on(chosen):
+                if self.kind == "llm":
+                    with (
+                        self._kernels(invariant) as switched,
+                        parallel_context(self._n_parallel + switched, repack=repack),
+                    ):
+                        self._llm: Any = llama_cpp.Llama(model_path=path, **kwargs)
+                else:
+                    self._llm = llama_cpp.Llama(model_path=path, **kwargs)
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load {os.path.basename(path)}: {exc}") from exc
         self.batch_invariant = self.kind == "llm" and self._invariant
@@ -175,6 +187,59 @@ class LlamaCppEngine:
             turn=self._turn,
         )
 
+    def _placement(
+        self, spec: LoadSpec, args: dict[str, Any], path: str, *, ctx: int, n_ubatch: int
+    ) -> list[Device] | None:
+        """Decide ``-ngl`` and the devices (llama-server's flags, popped from ``args``): sets ``self._offload`` and
+        ``self._devices``; returns the device list a load is restricted to (``None``: llama.cpp's default, all).
+
+        ``auto`` (the default) offloads as many layers as :func:`lemonkit.placement.fit_layers` fits in the chosen
+        devices' free memory, capped by the manager's ``device_budget``; ``all`` every layer, a number that many.
+        """
+        asked = args.pop("n_gpu_layers", "auto")
+        names = args.pop("devices", None)
+        available = [d for d in gpu_devices() if d.kind in ("gpu", "igpu")]
+        if names is None:
+            chosen, restrict = available, None
+        else:
+            by_name = {d.name: d for d in available}
+            unknown = [n for n in names if n not in by_name]
+            if unknown:
+                have = ", ".join(by_name) or "none: this build has no GPU device here"
+                raise InvalidArgument(f"llamacpp_args: --device {','.join(unknown)} is not a device (devices: {have})")
+            chosen = restrict = [by_name[n] for n in names]
+        layout = read_gguf_layout(path)
+        n_layer = layout.n_layer if layout is not None else None
+        everything = (n_layer + 1) if n_layer is not None else 0x7FFFFFFF
+        fit = {
+            "n_ctx": ctx,
+            "n_ubatch": n_ubatch,
+            "type_k": args.get("type_k", 1),
+            "type_v": args.get("type_v", 1),
+            "kv_offload": args.get("offload_kqv", True),
+        }
+        budget = None
+        if not chosen:
+            layers = 0
+        elif asked == "all":
+            layers = everything
+        elif asked == "auto":
+            free = sum(d.free for d in chosen) * 9 // 10  # a tenth kept for the driver and other programs
+            budget = min(free, spec.get("device_budget") or free)
+            layers = fit_layers(layout, budget, **fit).layers if layout is not None else everything
+        else:
+            layers = min(int(asked), everything)
+        guess = estimate(layout, layers, **fit) if layout is not None else None
+        self._devices = [d for d in chosen] if layers else []
+        self._offload: dict[str, Any] = {
+            "layers": layers,
+            "of": everything if n_layer is not None else None,
+            "requested": asked,
+            "estimate_mb": round(guess.total / MiB) if guess is not None else None,
+            **({"budget_mb": round(budget / MiB)} if budget is not None else {}),
+        }
+        return restrict
+
     def _kernel_choice(self, args: dict[str, Any]) -> tuple[bool, bool]:
         """``(batch_invariant, repack)`` from ``--[no-]batch-invariant`` and ``--[no-]repack``: chat models default to
         batch-invariant kernels, which need unpacked weights."""
@@ -182,7 +247,13 @@ class LlamaCppEngine:
         repack = args.pop("repack", None)
         self._invariant_asked = bool(asked)
         self._invariant = False
-        invariant = (self.kind == "llm") if asked is None else asked
+        offloaded = self._offload["layers"] > 0
+        if asked and offloaded:
+            raise InvalidArgument(
+                "llamacpp_args: --batch-invariant holds on the CPU backend only; add -ngl 0 to run this model there"
+            )
+        # GPU kernels make no such promise, and the CPU's reference mode would only slow what stays on the CPU
+        invariant = (self.kind == "llm" and not offloaded) if asked is None else asked
         if invariant and repack:
             raise InvalidArgument(
                 "llamacpp_args: --repack rounds differently for different batch shapes; "
@@ -247,7 +318,10 @@ class LlamaCppEngine:
             "flash_attn": bool(self._kwargs["flash_attn"]),
             "mmap": bool(self._kwargs["use_mmap"]),
             "batch_invariant": self.batch_invariant,
-            "device": "cpu",
+            "device": "gpu" if self._offload["layers"] else "cpu",
+            "backend": str((self.spec.get("options") or {}).get("llamacpp_backend") or "cpu"),
+            "devices": [d.info() for d in self._devices],
+            "offload": dict(self._offload),
             "vision": self._vision is not None,
             "chat_template": "jinja" if self._template is not None else self._format_name,
             "engine": self._fingerprint,

@@ -1,0 +1,277 @@
+"""llama.cpp on a GPU backend for real: the Vulkan build installed through ``POST /v1/install`` and models run on
+Mesa's lavapipe, a real Vulkan device on a machine without a GPU, on both hosts.
+
+lavapipe is a CPU-type device, which ggml-vulkan uses only where ``GGML_VK_VISIBLE_DEVICES`` names it: this
+module's servers do, as an operator opting in would. Each host has a cache of its own, so each installs the build
+itself; they share a wheel cache (``LEMONKIT_BACKEND_WHEELS``) that outlives the session, so only the first install
+on a machine compiles (about 7 minutes on 2 cores), the others reuse the wheel.
+
+What the build needs (``glslc``, ``spirv-headers``, the Vulkan loader, ``mesa-vulkan-drivers``, Vulkan headers
+1.3.261 or newer: ``scripts/vulkan-headers`` on Debian 12) is installed by ``scripts/test``; where it is missing the
+module skips with one line saying what is (and fails in CI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from conftest import API_KEY, CACHE_DIR, TINY, Host, Standalone
+from jupyter_process import JupyterServer
+
+from lemonkit import llamacpp_builds
+from lemonkit.accelerators import detect
+
+pytestmark = [pytest.mark.vulkan, pytest.mark.slow]
+
+#: Mesa's lavapipe registers itself with the Vulkan loader through this file
+LAVAPIPE_ICD = Path(f"/usr/share/vulkan/icd.d/lvp_icd.{platform.machine()}.json")
+#: where scripts/vulkan-headers unpacks newer headers, when VULKAN_SDK is not set
+DEFAULT_SDK = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lemonkit" / "vulkan-sdk" / "usr"
+#: the wheel cache shared by every session on this machine, so that the build is compiled once
+WHEELS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lemonkit-tests" / "backend-wheels"
+#: generous: lavapipe compiles its pipelines on first use (about 20 s), then decodes a token in about a second
+TIMEOUT = httpx.Timeout(600.0)
+BUNDLED = "SmolLM2-135M-Instruct-Bundled"
+
+
+def _unmet(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def vulkan_env() -> dict[str, str]:
+    """The environment of this module's servers: lavapipe opted in, the headers found, the shared wheel cache."""
+    if not LAVAPIPE_ICD.exists():
+        _unmet(f"no Mesa lavapipe ({LAVAPIPE_ICD}): run `apt-get install mesa-vulkan-drivers` (scripts/test does)")
+    devices = detect().get("vulkan", {}).get("devices", [])
+    lavapipe = [d for d in devices if d["name"].startswith("llvmpipe")]
+    if not lavapipe:
+        _unmet(f"the Vulkan loader reports no lavapipe device (it reports {devices})")
+    env = {
+        "GGML_VK_VISIBLE_DEVICES": str(lavapipe[0]["index"]),
+        "VULKAN_SDK": os.environ.get("VULKAN_SDK") or str(DEFAULT_SDK),
+        "LEMONKIT_BACKEND_WHEELS": str(WHEELS),
+        "LEMONADE_API_KEY": API_KEY,
+    }
+    missing = llamacpp_builds.plan("vulkan", environ={**os.environ, **env}).missing
+    if missing:
+        _unmet("the Vulkan build needs: " + "; ".join(map(str, missing)) + " (scripts/test installs them)")
+    return env
+
+
+def _cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A lemonkit cache of its own (its builds), with the session's registered models."""
+    cache = tmp_path_factory.mktemp("cache")
+    shutil.copy(CACHE_DIR / "user_models.json", cache / "user_models.json")
+    return cache
+
+
+@dataclass(frozen=True)
+class Served:
+    """One host of this module and the lemonkit cache it keeps its builds in."""
+
+    host: Host
+    cache: Path
+
+
+@pytest.fixture(scope="module")
+def vulkan_standalone(vulkan_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    cache = _cache(tmp_path_factory)
+    server = Standalone({**vulkan_env, "LEMONADE_CACHE_DIR": str(cache)})
+    yield Served(Host("standalone", server.root, API_KEY), cache)
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def vulkan_jupyter(vulkan_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    cache = _cache(tmp_path_factory)
+    env = {**os.environ, **vulkan_env, "LEMONADE_CACHE_DIR": str(cache)}
+    env.pop("LEMONADE_API_KEY")
+    server = JupyterServer(tmp_path_factory.mktemp("jupyter"), {}, env=env)
+    yield Served(Host("jupyter", server.base + "lemonkit/", server.token), cache)
+    server.stop()
+
+
+@pytest.fixture(scope="module", params=["standalone", "jupyter"])
+def served(request: pytest.FixtureRequest) -> Served:
+    """Each host in turn (the module's first test on it installs the Vulkan build through its API)."""
+    found: Served = request.getfixturevalue(f"vulkan_{request.param}")
+    return found
+
+
+@pytest.fixture
+def vhost(served: Served) -> Host:
+    return served.host
+
+
+@pytest.fixture
+async def client(vhost: Host) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=vhost.api + "/", headers=vhost.headers, timeout=TIMEOUT) as c:
+        yield c
+        await c.post("unload")
+
+
+def _events(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
+    events = []
+    for block in response.text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        events.append((fields["event"], json.loads(fields["data"])))
+    return events
+
+
+async def _llamacpp(client: httpx.AsyncClient) -> dict[str, Any]:
+    response = await client.get("system-info")
+    assert response.status_code == 200, response.text
+    recipes: dict[str, Any] = response.json()["recipes"]["llamacpp"]
+    return recipes
+
+
+async def _install(client: httpx.AsyncClient) -> list[tuple[str, dict[str, Any]]]:
+    response = await client.post("install", json={"recipe": "llamacpp", "backend": "vulkan", "stream": True})
+    assert response.status_code == 200, response.text
+    return _events(response)
+
+
+@pytest.mark.timeout(1800)  # the first install on a machine compiles llama.cpp (about 7 minutes on 2 cores)
+async def test_install_the_vulkan_build(client: httpx.AsyncClient) -> None:
+    before = await _llamacpp(client)
+    vulkan = before["backends"]["vulkan"]
+    assert vulkan["devices"] == ["vulkan"] and vulkan["state"] in ("installable", "installed"), vulkan
+    events = await _install(client)
+    *progress, (last, done) = events
+    assert last == "complete", events[-3:]
+    assert done["state"] == "installed" and done["version"] == llamacpp_builds.own_version()
+    assert progress and all(name == "progress" and data["line"] for name, data in progress)
+    # the build checked itself: its llama_cpp imported and saw a device to offload to
+    assert any(data["line"].endswith(f"{done['version']} True") for _, data in progress), progress[-3:]
+    percents = [data["percent"] for _, data in progress]
+    assert percents == sorted(percents) and percents[-1] == 100
+    after = await _llamacpp(client)
+    assert after["backends"]["vulkan"]["state"] == "installed"
+    assert after["backends"]["cpu"]["state"] == "installed"  # lemonkit's own, untouched
+    assert after["default_backend"] == "cpu"  # lavapipe is slower than the CPU build: never the default
+
+
+async def _load_on_vulkan(client: httpx.AsyncClient, model: str) -> dict[str, Any]:
+    response = await client.post("load", json={"model_name": model, "llamacpp_backend": "vulkan"})
+    assert response.status_code == 200, response.text
+    health = (await client.get("health")).json()
+    (entry,) = [m for m in health["all_models_loaded"] if m["model_name"] == model]
+    return entry
+
+
+async def test_a_model_runs_on_lavapipe_with_every_layer_offloaded(vhost: Host, client: httpx.AsyncClient) -> None:
+    entry = await _load_on_vulkan(client, TINY)
+    assert entry["backend"] == "vulkan" and entry["device"] == "gpu"
+    assert entry["recipe_options"]["llamacpp_backend"] == "vulkan"
+    (device,) = entry["devices"]
+    assert device["name"] == "Vulkan0" and device["description"].startswith("llvmpipe")
+    offload = entry["offload"]
+    assert offload["requested"] == "auto" and offload["layers"] == offload["of"] > 1, offload
+
+    sdk = openai.AsyncOpenAI(base_url=vhost.api, api_key=vhost.token or "x", timeout=600, max_retries=0)
+    messages: Any = [{"role": "user", "content": "Say hello."}]
+    answer = await sdk.chat.completions.create(model=TINY, messages=messages, max_tokens=6, temperature=0)
+    assert answer.choices[0].message.content and answer.usage and answer.usage.completion_tokens > 0
+    stream = await sdk.chat.completions.create(model=TINY, messages=messages, max_tokens=6, temperature=0, stream=True)
+    pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+    assert "".join(pieces) == answer.choices[0].message.content  # greedy: the same text, streamed per token
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    structured = await sdk.chat.completions.create(
+        model=TINY,
+        messages=messages,
+        max_tokens=12,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "flag", "schema": schema, "strict": True}},
+    )
+    value = json.loads(structured.choices[0].message.content or "")
+    assert set(value) == {"ok"} and isinstance(value["ok"], bool)
+    stats = (await client.get("stats")).json()
+    assert stats["output_tokens"] > 0
+    await sdk.close()
+
+
+async def test_a_bundled_model_answers_on_lavapipe(vhost: Host, client: httpx.AsyncClient) -> None:
+    if vhost.kind != "standalone":
+        pytest.skip("one host is enough for the slow real model; the tiny one runs on both")
+    entry = await _load_on_vulkan(client, BUNDLED)
+    assert entry["offload"]["layers"] == entry["offload"]["of"] == 31  # SmolLM2 135M: 30 blocks and the output
+    body = {
+        "model": BUNDLED,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    response = await client.post("chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert "Paris" in response.json()["choices"][0]["message"]["content"]
+
+
+async def test_uninstalling_cpu_keeps_the_servers_own_build(client: httpx.AsyncClient) -> None:
+    # Lemonade's own install test does this: the server's llama-cpp-python must stay, and serve
+    response = await client.post("uninstall", json={"recipe": "llamacpp", "backend": "cpu", "stream": True})
+    assert response.status_code == 200, response.text
+    *lines, (last, done) = _events(response)
+    assert last == "complete" and done["state"] == "installed"
+    assert any("stays" in data["line"] for _, data in lines)
+    assert (await _llamacpp(client))["backends"]["cpu"]["state"] == "installed"
+    body = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
+    response = await client.post("chat/completions", json=body)  # the default: lemonkit's own CPU build
+    assert response.status_code == 200, response.text
+    assert (await client.get("health")).json()["all_models_loaded"][0]["backend"] == "cpu"
+
+
+async def test_uninstall_reinstall_and_a_broken_build(served: Served, client: httpx.AsyncClient) -> None:
+    await _load_on_vulkan(client, TINY)
+    response = await client.post("uninstall", json={"recipe": "llamacpp", "backend": "vulkan"})
+    assert response.json() == {"status": "success", "recipe": "llamacpp", "backend": "vulkan"}
+    assert (await client.get("health")).json()["all_models_loaded"] == []  # its models were unloaded first
+    assert (await _llamacpp(client))["backends"]["vulkan"]["state"] == "installable"
+
+    # a model asking for a backend that is not installed: a 400 that says how to install it, never a 500
+    body = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    await client.post("models/" + TINY + "/options", json={"llamacpp_backend": "vulkan"})  # saved: chat uses it
+    response = await client.post("load", json={"model_name": TINY, "llamacpp_backend": "vulkan"})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["code"] == "backend_not_installed"
+    assert 'POST /v1/install {"recipe": "llamacpp", "backend": "vulkan"}' in error["message"]
+
+    # the wheel is kept: installing again does not compile
+    events = await _install(client)
+    assert events[-1][0] == "complete" and events[-1][1]["state"] == "installed"
+    assert any("built before" in data["line"] for _, data in events)
+    assert not any("Building wheel" in data.get("line", "") for _, data in events)
+
+    # a build whose libraries no longer load: 503 naming the reinstall, never a 500; a forced reinstall mends it
+    build = llamacpp_builds.installed(served.cache, "vulkan")
+    assert build is not None
+    (library,) = (build.site / "llama_cpp" / "lib").glob("libggml-vulkan.so")
+    library.resolve().write_bytes(b"not a shared library")
+    response = await client.post("load", json={"model_name": TINY, "llamacpp_backend": "vulkan"})
+    error = response.json()["error"]
+    assert response.status_code == 503 and error["code"] == "backend_unavailable", error
+    assert '"force": true' in error["message"]
+    events = _events(
+        await client.post("install", json={"recipe": "llamacpp", "backend": "vulkan", "force": True, "stream": True})
+    )
+    assert events[-1][0] == "complete", events[-3:]
+    response = await client.post("chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert (await client.get("health")).json()["all_models_loaded"][0]["backend"] == "vulkan"
