@@ -96,20 +96,25 @@ def _cache_root() -> Path:
 # --------------------------------------------------------------------------------------------- llama-server build
 
 
-def llama_server_binary(*, jobs: int = 2, log: Callable[[str], None] = print) -> Path | None:
+def llama_server_binary(*, jobs: int = 2, log: Callable[[str], None] = print, backend: str = "cpu") -> Path | None:
     """The ``llama-server`` built from the llama.cpp source in the installed llama-cpp-python's sdist.
 
-    Built once into ``<lemonkit cache>/bench/llama-server-<version>/``; later runs reuse it.
+    Built once into ``<lemonkit cache>/bench/llama-server-<version>[-<backend>]/``; later runs reuse it.
 
     Args:
         jobs: Parallel compile jobs.
         log: Where progress and the reason for a skip go.
+        backend: A GPU backend to build in, with the CMake flags lemonkit's own build of it gets
+            (:mod:`lemonkit.llamacpp_builds`).
 
     Returns:
-        The binary, or ``None`` (after saying why) when cmake or a C++ compiler is missing or the build fails.
+        The binary, or ``None`` (after saying why) when cmake, a C++ compiler or the backend's prerequisites are
+        missing, or the build fails.
     """
+    from lemonkit import llamacpp_builds
+
     version = importlib.metadata.version("llama_cpp_python")
-    home = _cache_root() / f"llama-server-{version}"
+    home = _cache_root() / (f"llama-server-{version}" + ("" if backend == "cpu" else f"-{backend}"))
     binary = home / "llama-server"
     if binary.exists():
         return binary
@@ -117,6 +122,11 @@ def llama_server_binary(*, jobs: int = 2, log: Callable[[str], None] = print) ->
     if missing:
         log(f"llama-server columns skipped: no {' or '.join(missing)} on PATH to build it")
         return None
+    plan = llamacpp_builds.plan(backend)
+    if plan.missing:
+        log(f"llama-server columns skipped: its {backend} build needs {'; '.join(map(str, plan.missing))}")
+        return None
+    backend_flags = [a for a in plan.cmake_args if not a.startswith("-DCMAKE_PROJECT_llama_cpp_INCLUDE=")]
     home.mkdir(parents=True, exist_ok=True)
     nice = ["nice", "-n", "10"] if shutil.which("nice") else []
     log(f"building llama-server from llama-cpp-python {version}'s sdist into {home} (about 8 minutes on 2 cores)")
@@ -133,9 +143,11 @@ def llama_server_binary(*, jobs: int = 2, log: Callable[[str], None] = print) ->
             build = work_dir / "build"
             flags = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF"]
             flags.append("-DBUILD_SHARED_LIBS=OFF")  # one self-contained binary to cache
-            subprocess.run([*nice, "cmake", "-S", str(source), "-B", str(build), *flags], check=True)
+            flags += backend_flags
+            env = {**os.environ, **plan.env}
+            subprocess.run([*nice, "cmake", "-S", str(source), "-B", str(build), *flags], check=True, env=env)
             target = ["--build", str(build), "--target", "llama-server", f"-j{jobs}"]
-            subprocess.run([*nice, "cmake", *target], check=True)
+            subprocess.run([*nice, "cmake", *target], check=True, env=env)
             shutil.copy2(next(build.glob("**/bin/llama-server")), work_dir / "llama-server")
             (work_dir / "llama-server").replace(binary)  # whole or not at all, for the next run's exists()
     except (subprocess.CalledProcessError, StopIteration, OSError) as exc:

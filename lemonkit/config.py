@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lemonkit import llamacpp_builds
 from lemonkit.errors import InvalidArgument
 from lemonkit.llamacpp_args import parse_llamacpp_args
+from lemonkit.placement import parse_size
 from lemonkit.system_info import load_recipes
 
 __all__ = [
@@ -284,6 +286,8 @@ class Settings:
         llamacpp_backend: The llama.cpp build models run on unless they name one (``LEMONKIT_LLAMACPP_BACKEND``;
             default: the best installed for this machine's devices, see
             :func:`lemonkit.system_info.default_llamacpp_backend`).
+        gpu_memory: Bytes of GPU memory lemonkit's models may take in all, below what the devices have
+            (``LEMONKIT_GPU_MEMORY``, e.g. ``6GiB``): a share of a GPU others use too.
         backend_wheels_dir: Where wheels of llama.cpp builds are kept, so a reinstall does not compile again
             (``LEMONKIT_BACKEND_WHEELS``; default ``<cache_dir>/backends/wheels``).
 
@@ -328,6 +332,11 @@ class Settings:
     llamacpp_backend: str | None = field(
         default_factory=lambda: os.environ.get("LEMONKIT_LLAMACPP_BACKEND", "").strip() or None
     )
+    gpu_memory: int | None = field(
+        default_factory=lambda: (
+            parse_size(os.environ["LEMONKIT_GPU_MEMORY"]) if os.environ.get("LEMONKIT_GPU_MEMORY", "").strip() else None
+        )
+    )
     backend_wheels_dir: Path | None = field(
         default_factory=lambda: (
             Path(os.environ["LEMONKIT_BACKEND_WHEELS"]).expanduser()
@@ -352,6 +361,11 @@ class Settings:
             )
         if self.omni_max_rounds < 0:
             raise ValueError(f"LEMONKIT_OMNI_MAX_ROUNDS must be 0 or more, got {self.omni_max_rounds}")
+        if self.llamacpp_backend is not None and self.llamacpp_backend not in llamacpp_builds.BACKENDS:
+            raise ValueError(
+                f"LEMONKIT_LLAMACPP_BACKEND: {self.llamacpp_backend!r} is not a llama.cpp backend "
+                f"(one of {', '.join(llamacpp_builds.BACKENDS)})"
+            )
         if self.llamacpp_args:
             # a bad server-wide string would refuse every load with a message about the request: refuse it here
             try:

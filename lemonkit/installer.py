@@ -216,9 +216,15 @@ class Installer:
             raise InstallError("no llama-cpp-python release to build: lemonkit's metadata names none")
         existing = await asyncio.to_thread(llamacpp_builds.installed, cache, backend)
         if existing is not None and existing.version == version and not force:
-            if on_line is not None:
-                on_line(f"llamacpp:{backend} {version} is installed; send force=true to build it again", 100)
-            return await self.status(recipe, name)
+            try:  # installed, and still whole? (an install over a damaged one mends it from the kept wheel)
+                await self._check_build(backend, existing.site, on_line)
+            except InstallError as exc:
+                if on_line is not None:
+                    on_line(f"llamacpp:{backend} is installed but broken ({exc.message}): installing it again", None)
+            else:
+                if on_line is not None:
+                    on_line(f"llamacpp:{backend} {version} is installed; send force=true to build it again", 100)
+                return await self.status(recipe, name)
         plan = await self._plan(backend)
         wheels = llamacpp_builds.wheel_dir(self.settings.backend_wheels, backend, version, plan.key(version))
         wheel = None if force else next(iter(sorted(wheels.glob("*.whl"))), None)

@@ -56,6 +56,8 @@ VULKAN_MIN_HEADERS = (1, 3, 261)
 BACKEND_LIBRARY = {"vulkan": "ggml-vulkan", "cuda": "ggml-cuda", "rocm": "ggml-hip", "metal": "ggml-metal"}
 
 _APT = "apt-get install"
+#: where the CUDA Toolkit's installers put it, when neither CUDA_HOME nor CUDA_PATH says
+_CUDA_HOMES = (Path("/usr/local/cuda"),)
 
 
 def lean_cmake() -> Path:
@@ -253,7 +255,7 @@ def _vulkan(environ: Mapping[str, str]) -> Plan:
 
 
 def _cuda(environ: Mapping[str, str], gpu_archs: list[str]) -> Plan:
-    homes = [Path(environ[k]) for k in ("CUDA_HOME", "CUDA_PATH") if environ.get(k)] + [Path("/usr/local/cuda")]
+    homes = [Path(environ[k]) for k in ("CUDA_HOME", "CUDA_PATH") if environ.get(k)] + list(_CUDA_HOMES)
     nvcc = environ.get("CUDACXX") or _which("nvcc", environ, *(h / "bin" for h in homes))
     missing: list[Missing] = []
     found: dict[str, str] = {}

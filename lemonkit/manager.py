@@ -33,8 +33,8 @@ from lemonkit.config import Settings
 from lemonkit.errors import (
     BackendNotInstalled,
     BackendUnavailable,
-    BackendUnsupported,
     Forbidden,
+    InvalidArgument,
     LemonkitError,
     ModelLoadError,
     ModelLoadRefused,
@@ -42,7 +42,18 @@ from lemonkit.errors import (
     SlotsPinned,
 )
 from lemonkit.fairness import FairScheduler
-from lemonkit.options import AUTO_CTX_SIZE, RECIPE_OPTIONS, ResolvedOptions, check_runnable, is_unset, resolve_options
+from lemonkit.gguf_header import read_gguf_context_length, read_gguf_layout
+from lemonkit.llamacpp_args import parse_llamacpp_args
+from lemonkit.options import (
+    AUTO_CTX_SIZE,
+    RECIPE_OPTIONS,
+    ResolvedOptions,
+    check_runnable,
+    is_unset,
+    llamacpp_context_size,
+    resolve_options,
+)
+from lemonkit.placement import MiB, estimate
 from lemonkit.registry import ModelInfo, Registry
 from lemonkit.server import caller
 
@@ -215,7 +226,8 @@ class ModelManager:
         """Refuse a backend this machine cannot run, or (``installed``) one whose build is not installed.
 
         Raises:
-            BackendUnsupported: The recipe table has no such backend, or it cannot run here.
+            InvalidArgument: The recipe table has no such backend, or it cannot run here (an option value this
+                machine cannot honour, as the spec's tables have it).
             BackendNotInstalled: ``installed`` and it is not installed, or must be rebuilt first; the message names the
                 install action.
         """
@@ -223,11 +235,11 @@ class ModelManager:
 
         spec = self.settings.recipes.get(recipe, {}).get("backends", {}).get(backend)
         if spec is None:
-            raise BackendUnsupported(f"{recipe}_backend {backend!r}: lemonkit's recipe table has no such backend")
+            raise InvalidArgument(f"{recipe}_backend {backend!r}: lemonkit's recipe table has no such backend")
         cache = self.settings.cache_dir
         status = await asyncio.to_thread(lambda: backend_status(spec, detect_devices(), cache_dir=cache))
         if status["state"] == "unsupported":
-            raise BackendUnsupported(f"{recipe}_backend {backend!r} cannot run on this machine: {status['message']}")
+            raise InvalidArgument(f"{recipe}_backend {backend!r} cannot run on this machine: {status['message']}")
         if installed and status["state"] != "installed":
             raise BackendNotInstalled(
                 f"{recipe}:{backend} is {'not installed' if status['state'] == 'installable' else status['state']}"
@@ -268,8 +280,10 @@ class ModelManager:
         request = {k: v for k, v in (options or {}).items() if k in RECIPE_OPTIONS.get(info.recipe, ())}
         resolved = (await self.options_for(info, request, saved=saved)).effective
         check_runnable(resolved)  # before a download: what the load would refuse is refused now
-        if info.recipe == "llamacpp" and info.remote is None:
-            await self.check_backend("llamacpp", str(resolved["llamacpp_backend"]), installed=True)
+        table = self.settings.recipes.get(info.recipe)
+        if table is not None and info.remote is None:  # a backend that is missing is a 400 naming its install
+            backend = resolved.get(f"{info.recipe}_backend") or table.get("default_backend")
+            await self.check_backend(info.recipe, str(backend), installed=True)
         await self._download(info)
         if save_options:
             await asyncio.to_thread(self.registry.update_options, info.id, partial(_replace_options, info, request))
@@ -491,10 +505,114 @@ class ModelManager:
                     f"llamacpp:{backend} is not installed; install it: POST /v1/install "
                     f'{{"recipe": "llamacpp", "backend": "{backend}"}}'
                 )
+            budget = await self._make_room_on_device(info, files.main, options)
+            if budget is not None:
+                spec["device_budget"] = budget
         model = await self._spawn(info, spec, options, site=env_path)
         model.model_path = files.main
         model.build = build
         return model
+
+    def _device_bytes(self, model: LoadedModel) -> int:
+        """What ``model`` holds on its GPU (its engine's estimate for the layers it offloaded)."""
+        offload = model.engine_info.get("offload") or {}
+        return int(offload.get("estimate_mb") or 0) * MiB if offload.get("layers") else 0
+
+    async def _make_room_on_device(self, info: ModelInfo, path: Path, options: dict[str, Any]) -> int | None:
+        """Before a load on a GPU build: unload unpinned models on the same backend's devices, least recently used
+        first, until ``info`` fits with all the layers it asks for; returns the device bytes it may take.
+
+        Eviction comes before offloading fewer layers (Lemonade evicts too): a model split between GPU and CPU
+        runs at a fraction of its speed, and the model asked for now is the one in use. With ``-ngl auto`` a model
+        that still does not fit gets fewer layers (as many as the rest holds, none at worst: it then runs on the
+        CPU); one that asks for a number of layers, or ``all``, is refused with the figures.
+
+        Returns:
+            The bytes left for it on the device, or ``None`` where nothing is known of the device's memory.
+
+        Raises:
+            ModelLoadError: A fixed ``-ngl`` does not fit even with every unpinned model unloaded (status 400).
+        """
+        backend = str(options.get("llamacpp_backend") or "cpu")
+        if backend == "cpu":
+            return None
+        args = parse_llamacpp_args(str(options.get("llamacpp_args") or ""))
+        if args.get("devices") == [] or args.get("n_gpu_layers") == 0:
+            return None
+        capacity = await asyncio.to_thread(self._device_capacity, backend)
+        layout = await asyncio.to_thread(read_gguf_layout, path)
+        if capacity is None or layout is None:
+            return None
+        requested = args.get("n_gpu_layers", "auto")
+        layers = layout.n_layer + 1 if requested in ("auto", "all") else int(requested)
+        n_ctx = llamacpp_context_size(options.get("ctx_size"), await asyncio.to_thread(read_gguf_context_length, path))
+        guess = estimate(
+            layout,
+            layers,
+            n_ctx=n_ctx,
+            n_ubatch=int(args.get("n_ubatch", 512)) if info.type == "llm" else n_ctx,
+            type_k=int(args.get("type_k", 1)),
+            type_v=int(args.get("type_v", 1)),
+            kv_offload=bool(args.get("offload_kqv", True)),
+        )
+
+        def on_device() -> list[LoadedModel]:
+            return [m for m in self._loaded.values() if m.build == backend and self._device_bytes(m)]
+
+        while guess.total > capacity - sum(self._device_bytes(m) for m in on_device()):
+            candidates = [m for m in on_device() if not m.pinned]
+            if not candidates:
+                break
+            victim = min(candidates, key=lambda m: m.last_use)
+            log.info(
+                "evicting %s (%d MiB on llamacpp:%s) to make room for %s (%s)",
+                victim.name,
+                self._device_bytes(victim) // MiB,
+                backend,
+                info.id,
+                guess.describe(),
+            )
+            self._loaded.pop(victim.name, None)
+            await self._stop(victim, drain=True)
+        free = capacity - sum(self._device_bytes(m) for m in on_device())
+        if guess.total <= free or requested == "auto":
+            if guess.total > free:
+                log.info(
+                    "%s gets fewer layers than its %d: %d MiB of llamacpp:%s are free",
+                    info.id,
+                    layers,
+                    max(0, free) // MiB,
+                    backend,
+                )
+            return max(0, free)
+        held = ", ".join(f"{m.name} ({self._device_bytes(m) // MiB} MiB, pinned)" for m in on_device())
+        raise ModelLoadError(
+            f"Cannot load {info.id} on llamacpp:{backend}: {guess.describe()}, but {max(0, free) // MiB} of "
+            f"{capacity // MiB} MiB are free{' beside ' + held if held else ''}. Ask for fewer layers (-ngl N, or "
+            "-ngl auto to fit), a smaller ctx_size, or unpin a model",
+            status=400,
+        )
+
+    def _device_capacity(self, backend: str) -> int | None:
+        """Bytes of device memory lemonkit may use for ``backend``'s models: its devices' memory as their drivers
+        report it, capped by the operator's ``gpu_memory``; ``None`` when neither is known."""
+        from lemonkit.system_info import detect_devices
+
+        devices = detect_devices()
+        if backend == "vulkan":
+            sizes = [d.get("memory_gb") for d in devices.get("vulkan", []) if d.get("available")]
+        elif backend == "cuda":
+            sizes = [d.get("vram_gb") for d in devices.get("nvidia_gpu", [])]
+        elif backend == "rocm":
+            sizes = [d.get("vram_gb") for d in devices.get("amd_gpu", [])]
+        else:
+            sizes = []
+        known = [int(float(s) * 1024 * MiB) for s in sizes if s]
+        total = sum(known) if known else None
+        cap = self.settings.gpu_memory
+        if cap is not None:
+            return cap if total is None else min(cap, total)
+        return total
 
     async def _connect(self, info: ModelInfo) -> LoadedModel:
         """A remote model: its upstreams checked, nothing started."""
@@ -587,10 +705,13 @@ class ModelManager:
             error = message.get("error") or {}
             reason = error.get("message") or " | ".join(stderr_tail)
             if error.get("code") == "backend_unavailable":  # the engine's libraries do not load: not the model's fault
-                backend = options.get("llamacpp_backend", "cpu")
+                recipe = info.recipe
+                table = self.settings.recipes.get(recipe, {})
+                backend = options.get(f"{recipe}_backend") or table.get("default_backend", "cpu")
                 raise BackendUnavailable(
-                    f"Failed to load {info.id}: the llamacpp:{backend} build does not start ({reason}); reinstall it: "
-                    f'POST /v1/install {{"recipe": "llamacpp", "backend": "{backend}", "force": true}}'
+                    f"Failed to load {info.id}: the {recipe}:{backend} backend does not start ({reason}); reinstall "
+                    f'it: POST /v1/install {{"recipe": "{recipe}", "backend": "{backend}"}}'
+                    + (' (add "force": true to compile it again)' if recipe == "llamacpp" else "")
                 )
             raise ModelLoadError(f"Failed to load {info.id}: {reason or 'the engine process exited'}")
         self._capture(process.stdout, info.id)  # after the ready line, stdout is engine chatter: keep draining it

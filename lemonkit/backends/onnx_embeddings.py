@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from lemonkit.backends.base import Cancelled, LoadSpec, physical_cores
+from lemonkit.backends.devices import onnx_providers
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotApplicable
 
 __all__ = ["OnnxEmbeddingEngine"]
@@ -72,7 +73,8 @@ class OnnxEmbeddingEngine:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
             options.log_severity_level = 3  # shape-merge warnings of hand-built graphs are noise
-            self._session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+            self._placed = onnx_providers(onnxruntime)
+            self._session = onnxruntime.InferenceSession(str(model), options, providers=self._placed.providers)
         except Exception as exc:  # onnxruntime and tokenizers raise their own exception types
             raise ModelLoadError(f"onnxruntime could not load {model}: {exc}") from exc
         self._tokenizer.enable_truncation(self.max_tokens)
@@ -137,7 +139,8 @@ class OnnxEmbeddingEngine:
             "type": "embedding",
             "ctx_size": self.max_tokens,
             "n_threads": self._threads,
-            "device": "cpu",
+            "device": self._placed.device,
+            "providers": self._session.get_providers(),
             "engine": self._fingerprint,
         }
 

@@ -387,9 +387,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         engine: Engine = engine_class(spec["recipe"])(spec)
     except Exception as exc:
-        error = {"message": f"{type(exc).__name__}: {exc}"}
+        error: dict[str, str | None] = {"message": f"{type(exc).__name__}: {exc}"}
         if isinstance(exc, LemonkitError):
             error["code"] = exc.code  # the manager tells a broken build from a bad model
+        elif isinstance(exc, ImportError):  # the engine's library is missing or broken, not the model
+            error["code"] = "backend_unavailable"
         _announce({"error": error})
         sys.exit(1)
 

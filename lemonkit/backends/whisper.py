@@ -26,6 +26,7 @@ import numpy as np
 
 from lemonkit.audio import WHISPER_RATE, Decoded, decode
 from lemonkit.backends.base import Cancelled, LoadSpec, Upload, physical_cores
+from lemonkit.backends.devices import ctranslate2_device
 from lemonkit.backends.tasks import TaskRequest, artifact, batch_requests, stream_events
 from lemonkit.errors import InvalidArgument, MissingArgument, ModelLoadError
 
@@ -215,15 +216,19 @@ class FasterWhisperEngine:
         self._threads = self._positive(options, "n_threads", physical_cores())
         self._beam = self._positive(options, "beam_size", BEAM_SIZE)
         self._batch = self._positive(options, "batch_size", BATCH_SIZE)
-        compute_type = options.get("compute_type") or "default"
+        import ctranslate2
+
+        self._device, best_type = ctranslate2_device(ctranslate2)
+        compute_type = options.get("compute_type") or best_type
         try:
-            self._model = WhisperModel(str(root), device="cpu", compute_type=compute_type, cpu_threads=self._threads)
+            self._model = WhisperModel(
+                str(root), device=self._device, compute_type=compute_type, cpu_threads=self._threads
+            )
         except Exception as exc:  # CTranslate2 raises RuntimeError/ValueError for missing or foreign files
             raise ModelLoadError(f"faster-whisper could not load {root}: {exc}") from exc
         self._pipeline = BatchedInferencePipeline(self._model)
         self._languages = self._model.supported_languages
         self._stats: dict[str, Any] = {}
-        import ctranslate2
         import faster_whisper
 
         self._fingerprint = f"faster-whisper-{faster_whisper.__version__}+ctranslate2-{ctranslate2.__version__}"
@@ -595,7 +600,7 @@ class FasterWhisperEngine:
         return {
             "type": "transcription",
             "n_threads": self._threads,
-            "device": "cpu",
+            "device": "gpu" if self._device == "cuda" else "cpu",
             "engine": self._fingerprint,
             "multilingual": bool(self._model.model.is_multilingual),
             "sample_rate": WHISPER_RATE,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lemonkit.backends.base import Cancelled, LoadSpec, Upload, physical_cores
+from lemonkit.backends.devices import torch_device
 from lemonkit.backends.images.params import SOFT_PIXEL_CAP, Settings, capped_size
 from lemonkit.backends.images.pictures import decode_image, encode_png
 from lemonkit.errors import InvalidArgument, MissingArgument, ModelLoadError
@@ -86,8 +87,10 @@ class DiffusersEngine:
         try:
             index = json.loads(index_file.read_text(encoding="utf-8"))
             components = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list)]
-            # float32 on the CPU, whatever the files hold (fp16 weights are upcast as they load)
-            kwargs: dict[str, Any] = {"dtype": torch.float32, "local_files_only": True}
+            # float32 on the CPU, whatever the files hold (fp16 weights are upcast as they load); half precision on
+            # a GPU, where it is the fast path
+            self._placed = torch_device(torch)
+            kwargs: dict[str, Any] = {"dtype": getattr(torch, self._placed.dtype), "local_files_only": True}
             variant = _variant(root, components)
             if variant:
                 kwargs["variant"] = variant
@@ -97,6 +100,8 @@ class DiffusersEngine:
         except Exception as exc:  # diffusers raises OSError/ValueError/KeyError/... for missing or foreign files
             raise ModelLoadError(f"diffusers could not load {root}: {exc}") from exc
         pipe.set_progress_bar_config(disable=True)
+        if self._placed.device != "cpu":
+            pipe.to(self._placed.device)
         self._text2image = pipe
         self._pipes: dict[str, Any] = {}
         self._multiple = int(getattr(pipe, "vae_scale_factor", 8))
@@ -294,7 +299,8 @@ class DiffusersEngine:
     def info(self) -> dict[str, Any]:
         """The pipeline class, device, threads and the size multiple."""
         return {
-            "device": "cpu",
+            "device": "cpu" if self._placed.device == "cpu" else "gpu",
+            "torch_device": self._placed.device,
             "n_threads": self._threads,
             "pipeline": type(self._text2image).__name__,
             "size_multiple": self._multiple,

@@ -191,6 +191,8 @@ class SpeechEngine:
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
             raise InvalidArgument(f"n_threads must be a positive integer, got {threads!r}")
         self.n_threads = threads
+        #: where the engine runs, for /v1/health ("gpu" where its ONNX Runtime build offered one)
+        self.device = "cpu"
         #: the model's voices, default first -> "female", "male" or "" (unknown)
         self.voice_genders: dict[str, str] = {}
         self._stats: dict[str, Any] = {}
@@ -415,7 +417,7 @@ class SpeechEngine:
         return {
             "type": "tts",
             "n_threads": self.n_threads,
-            "device": "cpu",
+            "device": self.device,
             "engine": self.engine,
             "sample_rate": self.sample_rate,
             "voices": list(self.voice_genders),

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from lemonkit.backends.base import LoadSpec
+from lemonkit.backends.devices import onnx_providers
 from lemonkit.backends.tts import SpeechEngine, package_version
 from lemonkit.errors import ModelLoadError
 from lemonkit.hf_cache import safe_relpath
@@ -88,7 +89,9 @@ class KokoroEngine(SpeechEngine):
             options.intra_op_num_threads = self.n_threads
             options.inter_op_num_threads = 1
             options.log_severity_level = 3
-            session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+            placed = onnx_providers(onnxruntime)
+            session = onnxruntime.InferenceSession(str(model), options, providers=placed.providers)
+            self.device = placed.device
             self._kokoro = Kokoro.from_session(session, str(voices))
             names = self._kokoro.get_voices()
         except Exception as exc:  # onnxruntime's, numpy's and kokoro-onnx's own errors alike

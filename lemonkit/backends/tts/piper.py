@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from lemonkit.backends.base import LoadSpec
+from lemonkit.backends.devices import onnx_providers
 from lemonkit.backends.tts import SPEED_RANGE, SpeechEngine, package_version
 from lemonkit.errors import ModelLoadError
 
@@ -67,7 +68,9 @@ class PiperEngine(SpeechEngine):
             options.intra_op_num_threads = self.n_threads
             options.inter_op_num_threads = 1
             options.log_severity_level = 3
-            session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+            placed = onnx_providers(onnxruntime)
+            session = onnxruntime.InferenceSession(str(model), options, providers=placed.providers)
+            self.device = placed.device
             self._voice = PiperVoice(session=session, config=PiperConfig.from_dict(raw))
         except Exception as exc:  # onnxruntime's, json's and piper's own errors alike
             raise ModelLoadError(f"piper could not load {model}: {exc}") from exc
