@@ -258,7 +258,9 @@ class Settings:
 
     Args:
         cache_dir: Home of ``user_models.json``, ``recipe_options.json`` and bundled weights.
-        max_loaded_models: Models kept loaded per type (``-1``: unlimited).
+        max_loaded_models: Models on the CPU kept loaded per type (``-1``: unlimited).
+        gpu_max_loaded_models: Models with layers on a GPU kept loaded per type (``LEMONKIT_GPU_MAX_LOADED_MODELS``;
+            default ``-1``: as many as the device's memory holds).
         ctx_size: Server-wide default context size (``None``: the engine decides).
         llamacpp_args: Server-wide default llama.cpp flags.
         api_key: Bearer key required by the standalone host when set.
@@ -297,6 +299,7 @@ class Settings:
 
     cache_dir: Path = field(default_factory=_default_cache_dir)
     max_loaded_models: int = field(default_factory=lambda: _env_int("LEMONADE_MAX_LOADED_MODELS", 1))
+    gpu_max_loaded_models: int = field(default_factory=lambda: _env_int("LEMONKIT_GPU_MAX_LOADED_MODELS", -1))
     ctx_size: int | None = field(
         default_factory=lambda: _env_int("LEMONADE_CTX_SIZE", 0) or None,
     )

@@ -471,7 +471,7 @@ class ModelManager:
             previous = self._loaded.pop(info.id, None)
             if previous is not None:
                 await self._stop(previous, drain=True)
-            await self._make_room(info)
+            await self._make_room(info, on_gpu=_goes_to_gpu(info, options))
             model = await (self._connect(info) if info.remote is not None else self._start(info, options))
             model.pinned = pinned
             self._loaded[info.id] = model
@@ -633,15 +633,20 @@ class ModelManager:
         model.idle.set()
         return model
 
-    async def _make_room(self, info: ModelInfo) -> None:
-        limit = self.settings.max_loaded_models
+    async def _make_room(self, info: ModelInfo, *, on_gpu: bool = False) -> None:
+        """Keep the count of loaded models of ``info``'s type within its limit: ``max_loaded_models`` for models
+        on the CPU, ``gpu_max_loaded_models`` (default: no count, the device's memory decides, see
+        :meth:`_make_room_on_device`) for models with layers on a GPU."""
+        limit = self.settings.gpu_max_loaded_models if on_gpu else self.settings.max_loaded_models
         if limit < 0 or info.remote is not None:
             return  # a remote model holds no memory here: it neither takes a slot nor makes room
         # on-demand models (upscalers) have slots of their own: upscaling a generated image keeps its generator
         same_type = [
             m
             for m in self._loaded.values()
-            if (m.info.type, m.info.on_demand) == (info.type, info.on_demand) and m.upstream is None
+            if (m.info.type, m.info.on_demand) == (info.type, info.on_demand)
+            and m.upstream is None
+            and (self._device_bytes(m) > 0) == on_gpu
         ]
         while len(same_type) >= limit:
             candidates = [m for m in same_type if not m.pinned]
@@ -748,6 +753,17 @@ class ModelManager:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
         log.info("unloaded %s", model.name)
+
+
+def _goes_to_gpu(info: ModelInfo, options: dict[str, Any]) -> bool:
+    """Whether a load of ``info`` with ``options`` asks for layers on a GPU build (it may still get none)."""
+    if info.recipe != "llamacpp" or str(options.get("llamacpp_backend") or "cpu") == "cpu":
+        return False
+    try:
+        args = parse_llamacpp_args(str(options.get("llamacpp_args") or ""))
+    except LemonkitError:
+        return False
+    return args.get("n_gpu_layers") != 0 and args.get("devices") != []
 
 
 async def _end(process: asyncio.subprocess.Process) -> None:

@@ -318,17 +318,19 @@ async def test_force_compiles_again(vhost: Host) -> None:
         assert entry["offload"]["layers"] == entry["offload"]["of"]
 
 
+#: a third chat model for the placement test: the tiny model's file under another name
+TINY_C = "user.tiny-llama-c"
+
+
 @pytest.fixture(scope="module")
 def capped(vulkan_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
-    """A server whose operator gave lemonkit 400 MiB of the device and no limit on the number of models: one tiny
-    model fits on it with every layer (262 MiB, mostly compute buffers), two do not."""
-    env = {
-        **vulkan_env,
-        "LEMONADE_CACHE_DIR": str(_cache(tmp_path_factory)),
-        "LEMONKIT_GPU_MEMORY": "400MiB",
-        "LEMONADE_MAX_LOADED_MODELS": "-1",
-    }
-    server = Standalone(env)
+    """A server whose operator gave lemonkit 600 MiB of the device, the counts left at their defaults: two tiny
+    models fit on it with every layer (262 MiB each, mostly compute buffers), three do not."""
+    cache = _cache(tmp_path_factory)
+    models = json.loads((cache / "user_models.json").read_text())
+    models["tiny-llama-c"] = {**models["tiny-llama"]}
+    (cache / "user_models.json").write_text(json.dumps(models))
+    server = Standalone({**vulkan_env, "LEMONADE_CACHE_DIR": str(cache), "LEMONKIT_GPU_MEMORY": "600MiB"})
     yield Host("standalone", server.root, API_KEY)
     server.stop()
 
@@ -337,30 +339,43 @@ def _placement(health: dict[str, Any]) -> dict[str, tuple[str, int]]:
     return {m["model_name"]: (m["device"], m["offload"]["layers"]) for m in health["all_models_loaded"]}
 
 
-async def test_placement_evicts_then_offloads_fewer_then_refuses(capped: Host) -> None:
+async def test_placement_by_device_memory(capped: Host) -> None:
     async with _client(capped) as client:
         events = await _install(client)  # the wheel an earlier test built: no compile
         assert events[-1][0] == "complete", events[-3:]
         tiny = await _load_on_vulkan(client, TINY)
         assert tiny["offload"]["layers"] == tiny["offload"]["of"] == 3 and tiny["offload"]["estimate_mb"] == 262
 
-        # a second model that does not fit beside the first: the first (least recently used, unpinned) goes
-        response = await client.post("load", json={"model_name": TINY_B, "llamacpp_backend": "vulkan", "pinned": True})
-        assert response.status_code == 200, response.text
-        assert _placement((await client.get("health")).json()) == {TINY_B: ("gpu", 3)}
+        # memory is the limit on the GPU: a second chat model that fits stays beside the first (on the CPU the
+        # default count of one per type would have unloaded it)
+        await _load_on_vulkan(client, TINY_B)
+        assert _placement((await client.get("health")).json()) == {TINY: ("gpu", 3), TINY_B: ("gpu", 3)}
 
-        # with the device held by a pinned model, a fixed -ngl that cannot fit is refused with the figures
+        # a third that does not fit: the least recently used unpinned model goes
+        response = await client.post("load", json={"model_name": TINY_C, "llamacpp_backend": "vulkan"})
+        assert response.status_code == 200, response.text
+        assert _placement((await client.get("health")).json()) == {TINY_B: ("gpu", 3), TINY_C: ("gpu", 3)}
+
+        # with the device held by pinned models, a fixed -ngl that cannot fit is refused with the figures
+        for name in (TINY_B, TINY_C):
+            response = await client.post(
+                "load", json={"model_name": name, "llamacpp_backend": "vulkan", "pinned": True}
+            )
+            assert response.status_code == 200, response.text
         body = {"model_name": TINY, "llamacpp_backend": "vulkan", "llamacpp_args": "-ngl all"}
         response = await client.post("load", json=body)
         error = response.json()["error"]
         assert response.status_code == 400 and error["code"] == "model_load_error", error
-        assert "262 MiB" in error["message"] and "138 of 400 MiB are free" in error["message"], error["message"]
+        assert "3 layers: 262 MiB" in error["message"] and "76 of 600 MiB are free" in error["message"], error
         assert f"{TINY_B} (262 MiB, pinned)" in error["message"]
 
         # -ngl auto (the default) takes what is left: too little for a layer, so this one runs on the CPU
         entry = await _load_on_vulkan(client, TINY)
-        assert (entry["device"], entry["offload"]["layers"], entry["offload"]["budget_mb"]) == ("cpu", 0, 138)
-        assert _placement((await client.get("health")).json()) == {TINY_B: ("gpu", 3), TINY: ("cpu", 0)}
-        body2 = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-        assert (await client.post("chat/completions", json=body2)).status_code == 200
-        await client.post("load", json={"model_name": TINY_B, "pinned": False, "llamacpp_backend": "vulkan"})
+        assert (entry["device"], entry["offload"]["layers"], entry["offload"]["budget_mb"]) == ("cpu", 0, 76)
+        assert _placement((await client.get("health")).json()) == {
+            TINY_B: ("gpu", 3),
+            TINY_C: ("gpu", 3),
+            TINY: ("cpu", 0),
+        }
+        chat = {"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert (await client.post("chat/completions", json=chat)).status_code == 200
