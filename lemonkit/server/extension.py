@@ -19,6 +19,7 @@ from traitlets import Bool, Int, List, Unicode, default
 from lemonkit import hub_discovery
 from lemonkit.config import LiveLimits, RemoteSettings, Settings, UserLimits
 from lemonkit.errors import Unauthorized
+from lemonkit.placement import parse_size
 from lemonkit.server import forward, routes
 from lemonkit.server.service import SETTINGS_KEY, Service
 from lemonkit.system_info import load_recipes
@@ -69,7 +70,19 @@ class LemonkitExtension(ExtensionApp):
     cache_dir = Unicode(help="lemonkit's cache dir (default: $LEMONADE_CACHE_DIR or ~/.cache/lemonkit)").tag(
         config=True
     )
-    max_loaded_models = Int(help="Models kept loaded per type; -1 for no limit").tag(config=True)
+    max_loaded_models = Int(help="Models on the CPU kept loaded per type; -1 for no limit").tag(config=True)
+    # GPUs; None: $LEMONKIT_..., else lemonkit's default
+    gpu_max_loaded_models = Int(
+        None, allow_none=True, help="Models with layers on a GPU kept loaded per type (-1: its memory decides)"
+    ).tag(config=True)
+    gpu_memory = Unicode(
+        None, allow_none=True, help="GPU memory lemonkit's models may take in all, e.g. 6GiB (default: the device's)"
+    ).tag(config=True)
+    llamacpp_backend = Unicode(
+        None,
+        allow_none=True,
+        help="The llama.cpp build models run on unless they name one (default: the best installed)",
+    ).tag(config=True)
     llamacpp_args = Unicode(help="Default llama.cpp flags for every llamacpp model").tag(config=True)
     recipes_file = Unicode(help="JSON recipe/backend rows merged over lemonkit's own (default: $LEMONKIT_RECIPES)").tag(
         config=True
@@ -152,6 +165,12 @@ class LemonkitExtension(ExtensionApp):
         )
         if self.max_queue is not None:
             settings = dataclasses.replace(settings, max_queue=self.max_queue)
+        if self.gpu_max_loaded_models is not None:
+            settings = dataclasses.replace(settings, gpu_max_loaded_models=self.gpu_max_loaded_models)
+        if self.gpu_memory is not None:
+            settings = dataclasses.replace(settings, gpu_memory=parse_size(self.gpu_memory))
+        if self.llamacpp_backend is not None:
+            settings = dataclasses.replace(settings, llamacpp_backend=self.llamacpp_backend or None)
         settings.api_key = None  # Jupyter's own auth guards every route
         self.service = Service(settings)
         self.settings.update({SETTINGS_KEY: self.service})
