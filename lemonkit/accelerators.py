@@ -18,6 +18,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -224,8 +225,11 @@ def ggml_vulkan_names(devices: list[dict[str, Any]], environ: Mapping[str, str])
     return {index: f"Vulkan{n}" for n, index in enumerate(i for i in order if i in known)}
 
 
+_asked = threading.Lock()  # one child at a time: a first request and the server's warm-up may ask together
+
+
 @functools.lru_cache(maxsize=1)
-def _detect_cached() -> dict[str, Any]:
+def _detect_locked() -> dict[str, Any]:
     command = [sys.executable, "-m", "lemonkit.accelerators"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     try:
@@ -240,6 +244,11 @@ def _detect_cached() -> dict[str, Any]:
         log.warning("the GPU driver probe failed: %s", reason)
         return {"vulkan": {"error": reason}, "nvidia": {"error": reason}}
     return answer
+
+
+def _detect_cached() -> dict[str, Any]:
+    with _asked:
+        return _detect_locked()
 
 
 def detect(environ: Mapping[str, str] | None = None) -> dict[str, Any]:

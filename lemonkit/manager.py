@@ -240,7 +240,10 @@ class ModelManager:
         status = await asyncio.to_thread(lambda: backend_status(spec, detect_devices(), cache_dir=cache))
         if status["state"] == "unsupported":
             raise InvalidArgument(f"{recipe}_backend {backend!r} cannot run on this machine: {status['message']}")
-        if installed and status["state"] != "installed":
+        # a build of another llama-cpp-python release would load with the wrong bindings; a package that is only
+        # older than lemonkit asks still runs
+        stale = status["state"] == "update_required" and spec.get("build") not in (None, "cpu")
+        if installed and (status["state"] == "installable" or stale):
             raise BackendNotInstalled(
                 f"{recipe}:{backend} is {'not installed' if status['state'] == 'installable' else status['state']}"
                 f" ({status['message']}); install it: {status['action']}"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
-from lemonkit import logs
+from lemonkit import accelerators, logs
 from lemonkit.catalog import SupportPolicy
 from lemonkit.config import Settings
 from lemonkit.downloads import DownloadManager
@@ -36,6 +37,9 @@ class Service:
         self.manager = ModelManager(self.settings, self.registry, install=self.install)
         self.installer = Installer(self.settings, self.manager)
         logs.install()  # the log stream starts with the server
+        # the GPU drivers are asked once per process, in a child (about 2 s with Mesa's lavapipe): start now, so no
+        # request waits for it
+        threading.Thread(target=accelerators.detect, name="lemonkit-devices", daemon=True).start()
         tag_callers()  # records a shared server's user may see are theirs
 
     async def lookup(self, name: str) -> ModelInfo:
