@@ -200,6 +200,14 @@ class ModelManager:
             return dict(NO_STATS)
         response = await model.client.get("/stats")
         result: dict[str, Any] = response.json()
+        if "backend" in model.engine_info:  # where it ran: the build, its devices and the layers on them
+            offload = model.engine_info.get("offload") or {}
+            result.update(
+                backend=model.engine_info["backend"],
+                device=model.engine_info.get("device", "cpu"),
+                devices=[d["name"] for d in model.engine_info.get("devices", [])],
+                gpu_layers=offload.get("layers", 0),
+            )
         return result
 
     # -- options -------------------------------------------------------------------------------------------------

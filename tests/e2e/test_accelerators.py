@@ -218,6 +218,8 @@ async def test_a_model_runs_on_lavapipe_with_every_layer_offloaded(vhost: Host) 
         assert set(value) == {"ok"} and isinstance(value["ok"], bool)
         stats = (await client.get("stats")).json()
         assert stats["output_tokens"] > 0
+        assert (stats["backend"], stats["device"], stats["devices"]) == ("vulkan", "gpu", ["Vulkan0"])
+        assert stats["gpu_layers"] == offload["layers"]
         await sdk.close()
 
 

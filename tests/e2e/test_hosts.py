@@ -107,6 +107,8 @@ async def test_stats_after_request(host: Host) -> None:
     assert stats["input_tokens"] <= stats["prompt_tokens"] == result["usage"]["prompt_tokens"]
     assert len(stats["decode_token_times"]) >= stats["output_tokens"] - 1
     assert stats["time_to_first_token"] > 0 and stats["tokens_per_second"] > 0
+    # where it ran: lemonkit's own CPU build, no layer on a GPU
+    assert (stats["backend"], stats["device"], stats["devices"], stats["gpu_layers"]) == ("cpu", "cpu", [], 0)
 
 
 async def test_system_info(host: Host) -> None:
