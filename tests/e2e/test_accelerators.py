@@ -315,7 +315,7 @@ async def test_force_compiles_again(vhost: Host) -> None:
         assert not any("built before" in line for line in lines)
         assert any("Building wheel for llama_cpp_python" in line for line in lines), lines[:5]
         compiled = [data["percent"] for _, data in events if re.match(r"\s*\[\d+/\d+\]", data.get("line", ""))]
-        assert compiled and 0 < compiled[0] < compiled[-1] < 100  # ninja's steps move the progress along
+        assert compiled and compiled[0] < 10 and 90 <= compiled[-1] < 100  # ninja's steps move the progress along
         entry = await _load_on_vulkan(client, TINY)
         assert entry["offload"]["layers"] == entry["offload"]["of"]
 
