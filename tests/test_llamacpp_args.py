@@ -88,3 +88,38 @@ def test_merge_replaces_flags_by_setting() -> None:
     assert merge_llamacpp_args("--threads 4 --no-mmap", "-t 2") == "--no-mmap -t 2"
     assert merge_llamacpp_args("--no-mmap -cb", "--mmap -nocb") == "--mmap -nocb"
     assert merge_llamacpp_args("", "-t 2") == "-t 2" and merge_llamacpp_args("-t 2", "") == "-t 2"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ("-ngl 99", {"n_gpu_layers": 99}),
+        ("--n-gpu-layers all", {"n_gpu_layers": "all"}),
+        ("--gpu-layers=auto", {"n_gpu_layers": "auto"}),
+        ("-ngl -1", {"n_gpu_layers": "all"}),  # llama.cpp reads a negative count as every layer
+        ("-ngl 0", {"n_gpu_layers": 0}),
+        ("--device Vulkan0,Vulkan1", {"devices": ["Vulkan0", "Vulkan1"]}),
+        ("-dev none", {"devices": []}),
+        ("-sm row -mg 1", {"split_mode": 2, "main_gpu": 1}),
+        ("--split-mode none", {"split_mode": 0}),
+        ("-ts 3,1", {"tensor_split": [3.0, 1.0]}),
+        ("--tensor-split 1/1", {"tensor_split": [1.0, 1.0]}),
+        ("-nkvo", {"offload_kqv": False}),
+        ("--no-kv-offload --kv-offload", {"offload_kqv": True}),
+    ],
+)
+def test_offload_flags(args: str, expected: dict[str, object]) -> None:
+    assert parse_llamacpp_args(args) == expected
+
+
+@pytest.mark.parametrize(
+    "args", ["-ngl many", "-ngl", "--device", "--device 'Vulkan 0'", "-sm diagonal", "-ts 0,0", "-ts a,b", "-mg -1"]
+)
+def test_offload_flags_refused(args: str) -> None:
+    with pytest.raises(InvalidArgument):
+        parse_llamacpp_args(args)
+
+
+def test_offload_flags_merge_by_setting() -> None:
+    assert merge_llamacpp_args("-ngl 10 -t 2", "--n-gpu-layers all") == "-t 2 --n-gpu-layers all"
+    assert merge_llamacpp_args("--device Vulkan0", "-dev none") == "-dev none"

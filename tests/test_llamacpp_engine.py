@@ -177,6 +177,21 @@ def test_load_options_apply(tiny_path: Path):
         e.close()
 
 
+def test_offload_on_the_cpu_build(tiny_path: Path):
+    # lemonkit's own build has no GPU device: -ngl asks for layers it cannot place, and the model runs on the CPU
+    e = LlamaCppEngine({"model_path": str(tiny_path), "type": "llm", "options": {"llamacpp_args": "-ngl all"}})
+    try:
+        info = e.info()
+        assert (info["device"], info["backend"], info["devices"]) == ("cpu", "cpu", [])
+        assert info["offload"]["layers"] == 0 and info["offload"]["of"] == 3 and info["offload"]["requested"] == "all"
+        assert info["batch_invariant"] is True  # nothing offloaded: the CPU's batch-invariant kernels as ever
+        assert text_of(chat(e, max_tokens=3))
+    finally:
+        e.close()
+    with pytest.raises(InvalidArgument, match="Vulkan0 is not a device"):
+        LlamaCppEngine({"model_path": str(tiny_path), "type": "llm", "options": {"llamacpp_args": "--device Vulkan0"}})
+
+
 def test_load_errors(tiny_path: Path, tmp_path: Path):
     with pytest.raises(ModelLoadError):
         LlamaCppEngine({"model_path": str(tmp_path / "missing.gguf"), "type": "llm"})
