@@ -37,7 +37,6 @@ from lemonkit.system_info import (
     detect_devices,
     gpu_archs,
     install_requirement,
-    llamacpp_backends,
     refresh_installed,
     wanted_llamacpp,
 )
@@ -354,8 +353,7 @@ class Installer:
 
     async def _redetect(self) -> None:
         """The default backend again, after builds changed."""
-        _, default = await asyncio.to_thread(llamacpp_backends, self.settings.recipes, self.settings.cache_dir)
-        self.settings.detected_llamacpp_backend = default
+        await self.manager.detect_backends(again=True)
 
     async def _pip(
         self,

@@ -56,6 +56,7 @@ from lemonkit.options import (
 from lemonkit.placement import MiB, estimate
 from lemonkit.registry import ModelInfo, Registry
 from lemonkit.server import caller
+from lemonkit.system_info import backend_status, detect_devices, llamacpp_backends
 
 __all__ = ["MODEL_TYPES", "RECIPE_OPTIONS", "LoadedModel", "ModelManager"]
 
@@ -225,8 +226,6 @@ class ModelManager:
     async def detect_backends(self, *, again: bool = False) -> None:
         """Work out the default llama.cpp backend (the best build installed for this machine), once, off the loop."""
         if self.settings.detected_llamacpp_backend is None or again:
-            from lemonkit.system_info import llamacpp_backends
-
             _, default = await asyncio.to_thread(llamacpp_backends, self.settings.recipes, self.settings.cache_dir)
             self.settings.detected_llamacpp_backend = default
 
@@ -239,8 +238,6 @@ class ModelManager:
             BackendNotInstalled: ``installed`` and it is not installed, or must be rebuilt first; the message names the
                 install action.
         """
-        from lemonkit.system_info import backend_status, detect_devices
-
         spec = self.settings.recipes.get(recipe, {}).get("backends", {}).get(backend)
         if spec is None:
             raise InvalidArgument(f"{recipe}_backend {backend!r}: lemonkit's recipe table has no such backend")
@@ -607,8 +604,6 @@ class ModelManager:
     def _device_capacity(self, backend: str) -> int | None:
         """Bytes of device memory lemonkit may use for ``backend``'s models: its devices' memory as their drivers
         report it, capped by the operator's ``gpu_memory``; ``None`` when neither is known."""
-        from lemonkit.system_info import detect_devices
-
         devices = detect_devices()
         if backend == "vulkan":
             sizes = [d.get("memory_gb") for d in devices.get("vulkan", []) if d.get("available")]
