@@ -37,6 +37,7 @@ from lemonkit.system_info import (
     detect_devices,
     gpu_archs,
     install_requirement,
+    lemonkit_requires,
     refresh_installed,
     wanted_llamacpp,
 )
@@ -159,7 +160,8 @@ class Installer:
         return status
 
     async def uninstall(self, recipe: str, backend: str, *, on_line: LineSink | None = None) -> dict[str, Any]:
-        """Unload the models that run on the backend's package, then uninstall it; returns its new status.
+        """Unload the models that run on the backend's package, then uninstall it; returns its new status. A
+        package lemonkit's own installation requires stays (the server runs on it), as lemonkit's own llama.cpp does.
 
         Raises:
             InvalidArgument: Unknown recipe or backend, or one that is part of lemonkit.
@@ -179,6 +181,13 @@ class Installer:
             chosen = model.recipe_options.get(f"{recipe}_backend")
             return (chosen if chosen in table["backends"] else table.get("default_backend")) in gone
 
+        if await asyncio.to_thread(lemonkit_requires, dist):
+            # part of the server's own installation (a lemonkit extra): removing it would break what the server runs
+            message = f"{dist} came with lemonkit's own installation, which the server runs on: it stays"
+            log.info("uninstall of %s:%s: %s", recipe, backend, message)
+            if on_line is not None:
+                on_line(message, 100)
+            return await self.status(recipe, backend)
         unloaded = await self.manager.unload_where(runs_on_it)
         if unloaded:
             log.info("unloaded %s before uninstalling %s", ", ".join(unloaded), dist)

@@ -35,6 +35,7 @@ __all__ = [
     "gpu_archs",
     "install_action",
     "install_requirement",
+    "lemonkit_requires",
     "llamacpp_backends",
     "load_recipes",
     "refresh_installed",
@@ -361,6 +362,17 @@ def _lemonkit_requirement(distribution: str, extra: str | None) -> str | None:
         if m and _norm(m.group(1)) == _norm(distribution) and (in_extra.group(1) if in_extra else None) == extra:
             return spec.strip()
     return None
+
+
+def lemonkit_requires(distribution: str) -> bool:
+    """Whether lemonkit's own installed metadata asks for ``distribution`` (in any extra): a package of the
+    server's own installation, which no API call may remove."""
+    try:
+        reqs = importlib.metadata.requires("lemonkit") or []
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    names = {_norm(m.group(1)) for req in reqs if (m := re.match(r"\s*([A-Za-z0-9._-]+)", req))}
+    return _norm(distribution) in names
 
 
 def install_requirement(spec: Mapping[str, Any]) -> str:

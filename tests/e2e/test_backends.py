@@ -292,3 +292,17 @@ async def test_refused_without_credentials(host: Host) -> None:
         for route in ("install", "uninstall"):
             response = await _post(client, route, {"backend": "cpu"})
             assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+
+
+async def test_uninstalling_a_package_of_lemonkits_own_installation_keeps_it(host: Host) -> None:
+    # onnxruntime serves the bundled embedding model: an uninstall through the API must not take it from the server
+    async with host.client() as client:
+        before = (await client.get("system-info")).json()["recipes"]["onnxruntime"]["backends"]["cpu"]
+        assert before["state"] == "installed"
+        response = await _post(client, "uninstall", {"recipe": "onnxruntime", "backend": "cpu", "stream": True})
+        *lines, (last, done) = _events(response)
+        assert last == "complete" and done["state"] == "installed" and done["version"] == before["version"]
+        assert any("came with lemonkit's own installation" in data["line"] for _, data in lines)
+        after = (await client.get("system-info")).json()["recipes"]["onnxruntime"]["backends"]["cpu"]
+        assert after == before
+    assert importlib.metadata.version("onnxruntime") == before["version"]
