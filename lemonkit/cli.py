@@ -38,6 +38,7 @@ from lemonkit.config import (
     UserLimits,
     default_chat_model,
 )
+from lemonkit.placement import parse_size
 
 __all__ = ["DEMO_QUESTION", "chat_demo_body", "demo_body", "main"]
 
@@ -130,6 +131,20 @@ def _parser() -> argparse.ArgumentParser:
             metavar="N",
             help="model requests (all users) that may wait for a turn at one model; more are answered 503 at once "
             f"(0: no bound); default $LEMONKIT_MAX_QUEUE, else {DEFAULT_MAX_QUEUE}",
+        )
+        cmd.add_argument(
+            "--max-loaded-models",
+            type=int,
+            metavar="N",
+            help="a fixed count of models kept loaded per type (-1: none, memory decides); "
+            "default $LEMONADE_MAX_LOADED_MODELS, else -1",
+        )
+        cmd.add_argument(
+            "--memory",
+            type=_size,
+            metavar="SIZE",
+            help="host memory lemonkit's models may take in all, e.g. 8GiB; default $LEMONKIT_MEMORY, else the "
+            "machine's less a reserve",
         )
         for name, env in UserLimits.ENV.items():
             cmd.add_argument(
@@ -227,6 +242,13 @@ def _announce(port: int) -> None:
     print(json.dumps({"port": port}), flush=True)
 
 
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _remote_settings(args: argparse.Namespace) -> RemoteSettings:
     """The remote recipe's settings: the environment's, with the flags given winning."""
     settings = RemoteSettings()
@@ -246,6 +268,10 @@ def _serve(args: argparse.Namespace) -> int:
     settings = Settings(live_limits=limits, user_limits=users, remote=_remote_settings(args))
     if args.max_queue is not None:
         settings = dataclasses.replace(settings, max_queue=args.max_queue)
+    if args.max_loaded_models is not None:
+        settings = dataclasses.replace(settings, max_loaded_models=args.max_loaded_models)
+    if args.memory is not None:
+        settings = dataclasses.replace(settings, memory=args.memory)
     browsers = {"allowed_hosts": args.allowed_hosts, "allowed_origins": args.allowed_origins}
     if args.command == "serve" and args.jupyterhub_service:
         _configure_logging(args.log_level)

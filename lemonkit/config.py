@@ -118,6 +118,14 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
+def _env_size(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    try:
+        return parse_size(value) if value else None
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
 @dataclass(frozen=True)
 class LiveLimits:
     """Bounds on the body of ``POST /v1/audio/transcriptions/live`` (spec: audio-api.md, ``live_ingest``);
@@ -258,9 +266,8 @@ class Settings:
 
     Args:
         cache_dir: Home of ``user_models.json``, ``recipe_options.json`` and bundled weights.
-        max_loaded_models: Models on the CPU kept loaded per type (``-1``: unlimited).
-        gpu_max_loaded_models: Models with layers on a GPU kept loaded per type (``LEMONKIT_GPU_MAX_LOADED_MODELS``;
-            default ``-1``: as many as the device's memory holds).
+        max_loaded_models: A fixed count of models kept loaded per type (``LEMONADE_MAX_LOADED_MODELS``; default
+            ``-1``: no count, memory decides, see ``memory`` and ``gpu_memory``).
         ctx_size: Server-wide default context size (``None``: the engine decides).
         llamacpp_args: Server-wide default llama.cpp flags.
         api_key: Bearer key required by the standalone host when set.
@@ -288,6 +295,10 @@ class Settings:
         llamacpp_backend: The llama.cpp build models run on unless they name one (``LEMONKIT_LLAMACPP_BACKEND``;
             default: the best installed for this machine's devices, see
             :func:`lemonkit.system_info.default_llamacpp_backend`).
+        memory: Bytes of host memory lemonkit's models may take in all (``LEMONKIT_MEMORY``, e.g. ``8GiB``; default:
+            the machine's, less a reserve for everything else), counted by each model's estimate
+            (:func:`lemonkit.placement.host_estimate`); a load that does not fit evicts models, least recently used
+            first.
         gpu_memory: Bytes of GPU memory lemonkit's models may take in all, below what the devices have
             (``LEMONKIT_GPU_MEMORY``, e.g. ``6GiB``): a share of a GPU others use too.
         backend_wheels_dir: Where wheels of llama.cpp builds are kept, so a reinstall does not compile again
@@ -298,8 +309,7 @@ class Settings:
     """
 
     cache_dir: Path = field(default_factory=_default_cache_dir)
-    max_loaded_models: int = field(default_factory=lambda: _env_int("LEMONADE_MAX_LOADED_MODELS", 1))
-    gpu_max_loaded_models: int = field(default_factory=lambda: _env_int("LEMONKIT_GPU_MAX_LOADED_MODELS", -1))
+    max_loaded_models: int = field(default_factory=lambda: _env_int("LEMONADE_MAX_LOADED_MODELS", -1))
     ctx_size: int | None = field(
         default_factory=lambda: _env_int("LEMONADE_CTX_SIZE", 0) or None,
     )
@@ -335,11 +345,8 @@ class Settings:
     llamacpp_backend: str | None = field(
         default_factory=lambda: os.environ.get("LEMONKIT_LLAMACPP_BACKEND", "").strip() or None
     )
-    gpu_memory: int | None = field(
-        default_factory=lambda: (
-            parse_size(os.environ["LEMONKIT_GPU_MEMORY"]) if os.environ.get("LEMONKIT_GPU_MEMORY", "").strip() else None
-        )
-    )
+    memory: int | None = field(default_factory=lambda: _env_size("LEMONKIT_MEMORY"))
+    gpu_memory: int | None = field(default_factory=lambda: _env_size("LEMONKIT_GPU_MEMORY"))
     backend_wheels_dir: Path | None = field(
         default_factory=lambda: (
             Path(os.environ["LEMONKIT_BACKEND_WHEELS"]).expanduser()

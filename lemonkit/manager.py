@@ -53,7 +53,7 @@ from lemonkit.options import (
     llamacpp_context_size,
     resolve_options,
 )
-from lemonkit.placement import MiB, estimate
+from lemonkit.placement import MiB, estimate, host_estimate
 from lemonkit.registry import ModelInfo, Registry
 from lemonkit.server import caller
 from lemonkit.system_info import backend_status, detect_devices, llamacpp_backends
@@ -90,6 +90,8 @@ class LoadedModel:
     upstream: remote.Upstream | None = None
     #: the llama.cpp build installed apart that its sidecar runs on (``None``: lemonkit's own, or not llama.cpp)
     build: str | None = None
+    #: host memory its sidecar is counted for (:func:`lemonkit.placement.host_estimate`; 0: a remote model)
+    host_bytes: int = 0
 
     @property
     def name(self) -> str:
@@ -126,6 +128,7 @@ class LoadedModel:
             "recipe_options": self.reported_options(),
             "backend_url": self.backend_url,
             **placement,
+            **({"memory_mb": round(self.host_bytes / MiB)} if self.host_bytes else {}),
             **({"endpoints": self.upstream.health()} if self.upstream is not None else {}),
         }
 
@@ -186,6 +189,17 @@ class ModelManager:
             # each with its slots and queue, read without waiting on the model
             "all_models_loaded": [{**m.health(), **self.fairness.health(m.name)} for m in self._loaded.values()],
             "max_models": {kind: limit for kind in MODEL_TYPES},
+            "memory": self._memory_health(),
+        }
+
+    def _memory_health(self) -> dict[str, int]:
+        """Host memory in MiB: what lemonkit's models may take (``limit_mb``), what the loaded ones are counted
+        for, and what the system has free now beyond its reserve."""
+        capacity, available = _host_memory(self.settings.memory)
+        return {
+            "limit_mb": capacity // MiB,
+            "models_mb": sum(m.host_bytes for m in self._loaded.values()) // MiB,
+            "available_mb": max(0, available) // MiB,
         }
 
     async def stats(self, *, only_of: str | None = None) -> dict[str, Any]:
@@ -479,7 +493,7 @@ class ModelManager:
             previous = self._loaded.pop(info.id, None)
             if previous is not None:
                 await self._stop(previous, drain=True)
-            await self._make_room(info, on_gpu=_goes_to_gpu(info, options))
+            await self._make_room(info)
             model = await (self._connect(info) if info.remote is not None else self._start(info, options))
             model.pinned = pinned
             self._loaded[info.id] = model
@@ -492,6 +506,10 @@ class ModelManager:
         files = await asyncio.to_thread(self.registry.resolve, info)
         if info.recipe == "llamacpp":
             await asyncio.to_thread(_check_gguf, files.main)
+        host_bytes = await asyncio.to_thread(
+            _host_need, info, files.main, [files.mmproj, *files.extra.values()], options
+        )
+        await self._make_room_in_memory(info, host_bytes)
         spec: LoadSpec = {
             "model_name": info.id,
             "recipe": info.recipe,
@@ -519,6 +537,7 @@ class ModelManager:
         model = await self._spawn(info, spec, options, site=env_path)
         model.model_path = files.main
         model.build = build
+        model.host_bytes = host_bytes
         return model
 
     def _device_bytes(self, model: LoadedModel) -> int:
@@ -639,20 +658,17 @@ class ModelManager:
         model.idle.set()
         return model
 
-    async def _make_room(self, info: ModelInfo, *, on_gpu: bool = False) -> None:
-        """Keep the count of loaded models of ``info``'s type within its limit: ``max_loaded_models`` for models
-        on the CPU, ``gpu_max_loaded_models`` (default: no count, the device's memory decides, see
-        :meth:`_make_room_on_device`) for models with layers on a GPU."""
-        limit = self.settings.gpu_max_loaded_models if on_gpu else self.settings.max_loaded_models
+    async def _make_room(self, info: ModelInfo) -> None:
+        """Keep the count of loaded models of ``info``'s type within the operator's ``max_loaded_models`` (none by
+        default: memory decides, see :meth:`_make_room_in_memory` and :meth:`_make_room_on_device`)."""
+        limit = self.settings.max_loaded_models
         if limit < 0 or info.remote is not None:
             return  # a remote model holds no memory here: it neither takes a slot nor makes room
         # on-demand models (upscalers) have slots of their own: upscaling a generated image keeps its generator
         same_type = [
             m
             for m in self._loaded.values()
-            if (m.info.type, m.info.on_demand) == (info.type, info.on_demand)
-            and m.upstream is None
-            and (self._device_bytes(m) > 0) == on_gpu
+            if (m.info.type, m.info.on_demand) == (info.type, info.on_demand) and m.upstream is None
         ]
         while len(same_type) >= limit:
             candidates = [m for m in same_type if not m.pinned]
@@ -666,6 +682,48 @@ class ModelManager:
             self._loaded.pop(victim.name, None)
             same_type.remove(victim)
             await self._stop(victim, drain=True)
+
+    async def _make_room_in_memory(self, info: ModelInfo, need: int) -> None:
+        """Before a load: unload unpinned models, least recently used first, of any type, until ``need`` bytes of
+        host memory are free, both within what lemonkit may use (``memory``; default the machine's, less a
+        reserve) beside the loaded models' estimates, and in what the system has available now (other programs,
+        a model that outgrew its estimate). Memory is the one limit by default, as in Ollama: several models stay
+        loaded while they fit, and the least recently used makes room for the one asked for now.
+
+        Raises:
+            ModelLoadError: It does not fit even with every unpinned model unloaded (status 400, with the figures).
+        """
+
+        def held() -> list[LoadedModel]:
+            return [m for m in self._loaded.values() if m.host_bytes]
+
+        while True:
+            capacity, available = await asyncio.to_thread(_host_memory, self.settings.memory)
+            free = min(capacity - sum(m.host_bytes for m in held()), available)
+            candidates = [m for m in held() if not m.pinned]
+            if need <= free or not candidates:
+                break
+            victim = min(candidates, key=lambda m: m.last_use)
+            log.info(
+                "evicting %s (%d MiB) to make room for %s (%d MiB; %d MiB free)",
+                victim.name,
+                victim.host_bytes // MiB,
+                info.id,
+                need // MiB,
+                max(0, free) // MiB,
+            )
+            self._loaded.pop(victim.name, None)
+            await self._stop(victim, drain=True)
+        if need <= free:
+            return
+        pinned = ", ".join(f"{m.name} ({m.host_bytes // MiB} MiB, pinned)" for m in held())
+        limit = "LEMONKIT_MEMORY" if self.settings.memory is not None else "this machine's memory less its reserve"
+        raise ModelLoadError(
+            f"Cannot load {info.id}: it needs about {need // MiB} MiB of memory, but {max(0, free) // MiB} MiB are "
+            f"free of the {capacity // MiB} MiB lemonkit may use ({limit}){' beside ' + pinned if pinned else ''}. "
+            "Ask for a smaller ctx_size, unpin a model, or raise the limit",
+            status=400,
+        )
 
     def _capture(self, stream: asyncio.StreamReader, tag: str, tail: deque[str] | None = None) -> asyncio.Task[None]:
         task = asyncio.create_task(logs.capture(stream, tag, tail=tail))
@@ -761,15 +819,42 @@ class ModelManager:
         log.info("unloaded %s", model.name)
 
 
-def _goes_to_gpu(info: ModelInfo, options: dict[str, Any]) -> bool:
-    """Whether a load of ``info`` with ``options`` asks for layers on a GPU build (it may still get none)."""
-    if info.recipe != "llamacpp" or str(options.get("llamacpp_backend") or "cpu") == "cpu":
-        return False
-    try:
-        args = parse_llamacpp_args(str(options.get("llamacpp_args") or ""))
-    except LemonkitError:
-        return False
-    return args.get("n_gpu_layers") != 0 and args.get("devices") != []
+def _host_memory(cap: int | None) -> tuple[int, int]:
+    """(bytes lemonkit's models may take in all, bytes the system has available now), both beyond a reserve for
+    the server, the notebooks' kernels and everything else: a tenth of the memory, at most 2 GiB."""
+    import psutil
+
+    memory = psutil.virtual_memory()
+    reserve = min(2 * 1024 * MiB, memory.total // 10)
+    return (cap if cap is not None else memory.total - reserve), memory.available - reserve
+
+
+def _tree_bytes(path: Path) -> int:
+    """The bytes of a file, or of every file under a directory (links followed: a hub snapshot links its blobs)."""
+    if not path.is_dir():
+        return path.stat().st_size if path.exists() else 0
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _host_need(info: ModelInfo, main: Path, others: list[Path | None], options: dict[str, Any]) -> int:
+    """The host memory a sidecar for ``info`` will take (:func:`lemonkit.placement.host_estimate`)."""
+    file_bytes = _tree_bytes(main) + sum(_tree_bytes(p) for p in others if p is not None)
+    layout = read_gguf_layout(main) if info.recipe == "llamacpp" else None
+    if layout is None:
+        return host_estimate(file_bytes)
+    args = parse_llamacpp_args(str(options.get("llamacpp_args") or ""))
+    backend = str(options.get("llamacpp_backend") or "cpu")
+    on_gpu = backend != "cpu" and args.get("n_gpu_layers") != 0 and args.get("devices") != []
+    n_ctx = llamacpp_context_size(options.get("ctx_size"), read_gguf_context_length(main))
+    return host_estimate(
+        file_bytes,
+        layout,
+        on_gpu=on_gpu,
+        n_ctx=n_ctx,
+        n_ubatch=int(args.get("n_ubatch", 512)) if info.type == "llm" else n_ctx,
+        type_k=int(args.get("type_k", 1)),
+        type_v=int(args.get("type_v", 1)),
+    )
 
 
 async def _end(process: asyncio.subprocess.Process) -> None:

@@ -199,6 +199,27 @@ def host(request: pytest.FixtureRequest) -> Iterator[Host]:
     httpx.post(host.api + "/unload", headers=host.headers, timeout=60).raise_for_status()
 
 
+@pytest.fixture(scope="module")
+def counted_standalone() -> Iterator[Standalone]:
+    """A ``lemonkit serve`` whose operator set a fixed count, one model per type, instead of memory alone."""
+    server = Standalone({"LEMONADE_API_KEY": API_KEY, "LEMONADE_MAX_LOADED_MODELS": "1"})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["jupyter", "standalone"])
+def counted_host(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Host]:
+    """Each host, its operator having set ``LEMONADE_MAX_LOADED_MODELS=1`` (Lemonade's count per type)."""
+    if request.param == "jupyter":
+        monkeypatch.setenv("LEMONADE_MAX_LOADED_MODELS", "1")  # read when the extension starts
+        yield request.getfixturevalue("jupyter_host")
+        return
+    server: Standalone = request.getfixturevalue("counted_standalone")
+    host = Host("standalone", server.root, API_KEY)
+    yield host
+    httpx.post(host.api + "/unload", headers=host.headers, timeout=60).raise_for_status()
+
+
 @pytest.fixture
 def hub() -> Iterator[HubServer]:
     """A local hub speaking the Hugging Face protocol (``HF_ENDPOINT`` for the code under test)."""

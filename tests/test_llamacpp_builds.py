@@ -17,7 +17,7 @@ import pytest
 
 from lemonkit import accelerators, llamacpp_builds
 from lemonkit.gguf_header import read_gguf_layout
-from lemonkit.placement import MiB, estimate, fit_layers, parse_size
+from lemonkit.placement import PROCESS_BYTES, MiB, estimate, fit_layers, host_estimate, parse_size
 from lemonkit.testing.tiny_gguf import write_tiny_llama
 
 
@@ -226,6 +226,30 @@ def test_layout_and_estimates_of_a_generated_model(tmp_path: Path) -> None:
     assert fit_layers(layout, one.total, n_ctx=512).layers == 1
     assert fit_layers(layout, one.total - 1, n_ctx=512).layers == 0
     assert "layers:" in every.describe()
+
+
+def test_host_memory_of_a_sidecar(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path)
+    layout = read_gguf_layout(path)
+    assert layout is not None
+    size = path.stat().st_size
+    # not llama.cpp: the interpreter and the files it reads
+    assert host_estimate(size) == PROCESS_BYTES + size
+    # llama.cpp on the CPU: the file, every block's KV cache and activations, and a few rows of logits (not a
+    # whole ubatch of them, as a GPU computing the output layer reserves)
+    blocks = estimate(layout, layout.n_layer, n_ctx=512, overhead=0)
+    cpu = host_estimate(size, layout, n_ctx=512)
+    assert cpu - (PROCESS_BYTES + size + blocks.kv + blocks.compute) == 8 * layout.n_vocab * 4
+    every = estimate(layout, layout.n_layer + 1, n_ctx=512)
+    assert every.compute - blocks.compute > cpu - (PROCESS_BYTES + size + blocks.kv + blocks.compute)
+    assert host_estimate(size, layout, n_ctx=4096) - host_estimate(size, layout, n_ctx=512) == 7 * blocks.kv
+    assert host_estimate(size, layout, n_ctx=512, type_k=8, type_v=8) < host_estimate(size, layout, n_ctx=512)
+    # offloaded: the host keeps what llama.cpp leaves on the CPU (the input embedding; a projector beside it)
+    on_gpu = host_estimate(size, layout, on_gpu=True, n_ctx=512)
+    assert on_gpu == PROCESS_BYTES + (size - layout.weight_bytes) + layout.other_bytes
+    assert on_gpu < host_estimate(size, layout, n_ctx=512)
+    assert host_estimate(size + 1000, layout, on_gpu=True, n_ctx=512) == on_gpu + 1000
 
 
 def test_the_bundled_smollm2_layout() -> None:

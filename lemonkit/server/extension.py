@@ -70,10 +70,12 @@ class LemonkitExtension(ExtensionApp):
     cache_dir = Unicode(help="lemonkit's cache dir (default: $LEMONADE_CACHE_DIR or ~/.cache/lemonkit)").tag(
         config=True
     )
-    max_loaded_models = Int(help="Models on the CPU kept loaded per type; -1 for no limit").tag(config=True)
-    # GPUs; None: $LEMONKIT_..., else lemonkit's default
-    gpu_max_loaded_models = Int(
-        None, allow_none=True, help="Models with layers on a GPU kept loaded per type (-1: its memory decides)"
+    max_loaded_models = Int(help="A fixed count of models kept loaded per type (-1: none, memory decides)").tag(
+        config=True
+    )
+    # memory; None: $LEMONKIT_..., else the machine's
+    memory = Unicode(
+        None, allow_none=True, help="Host memory lemonkit's models may take in all, e.g. 8GiB (default: the machine's)"
     ).tag(config=True)
     gpu_memory = Unicode(
         None, allow_none=True, help="GPU memory lemonkit's models may take in all, e.g. 6GiB (default: the device's)"
@@ -165,8 +167,8 @@ class LemonkitExtension(ExtensionApp):
         )
         if self.max_queue is not None:
             settings = dataclasses.replace(settings, max_queue=self.max_queue)
-        if self.gpu_max_loaded_models is not None:
-            settings = dataclasses.replace(settings, gpu_max_loaded_models=self.gpu_max_loaded_models)
+        if self.memory is not None:
+            settings = dataclasses.replace(settings, memory=parse_size(self.memory))
         if self.gpu_memory is not None:
             settings = dataclasses.replace(settings, gpu_memory=parse_size(self.gpu_memory))
         if self.llamacpp_backend is not None:

@@ -6,11 +6,12 @@ import asyncio
 import fcntl
 import json
 import os
+import re
 import signal
 
 import httpx
 import pytest
-from conftest import CACHE_DIR, TINY, TINY_B, Host
+from conftest import API_KEY, CACHE_DIR, EMBED, TINY, TINY_B, Host, Standalone
 from waiting import until
 
 CHAT = {"messages": [{"role": "user", "content": "go"}], "temperature": 0}
@@ -24,8 +25,9 @@ async def _stream_lines(response: httpx.Response) -> list[str]:
     return [line async for line in response.aiter_lines() if line]
 
 
-async def test_lru_eviction_with_max_one(host: Host) -> None:
-    async with host.client() as client:
+async def test_lru_eviction_with_max_one(counted_host: Host) -> None:
+    async with counted_host.client() as client:
+        assert (await _health(client))["max_models"]["llm"] == 1
         assert (await client.post("load", json={"model_name": TINY})).status_code == 200
         assert (await client.post("load", json={"model_name": TINY_B})).status_code == 200
         assert [m["model_name"] for m in (await _health(client))["all_models_loaded"]] == [TINY_B]
@@ -35,8 +37,71 @@ async def test_lru_eviction_with_max_one(host: Host) -> None:
         assert [m["model_name"] for m in (await _health(client))["all_models_loaded"]] == [TINY]
 
 
-async def test_pinned_model_is_never_evicted(host: Host) -> None:
+async def _loaded(client: httpx.AsyncClient) -> dict[str, dict]:
+    return {m["model_name"]: m for m in (await _health(client))["all_models_loaded"]}
+
+
+async def test_models_that_fit_in_memory_stay_loaded_together(host: Host) -> None:
     async with host.client() as client:
+        for name in (TINY, TINY_B, EMBED):
+            assert (await client.post("load", json={"model_name": name})).status_code == 200
+        health = await _health(client)
+        loaded = await _loaded(client)
+    assert sorted(loaded) == sorted([TINY, TINY_B, EMBED]) and health["max_models"]["llm"] == -1
+    assert all(m["memory_mb"] >= 256 for m in loaded.values())  # a sidecar's interpreter and engine, at least
+    memory = health["memory"]
+    assert abs(memory["models_mb"] - sum(m["memory_mb"] for m in loaded.values())) <= len(loaded)
+    assert 0 < memory["available_mb"] < memory["limit_mb"]
+
+
+async def test_a_memory_cap_evicts_the_least_recently_used_and_refuses_what_cannot_fit(
+    standalone: Standalone,
+) -> None:
+    async with Host("standalone", standalone.root, API_KEY).client() as client:
+        for name in (TINY, TINY_B):
+            assert (await client.post("load", json={"model_name": name})).status_code == 200
+        sizes = {name: m["memory_mb"] for name, m in (await _loaded(client)).items()}
+        await client.post("unload", json={})
+    cap = max(sizes.values()) + min(sizes.values()) // 2  # room for one of them, not for both
+    capped = Standalone({"LEMONADE_API_KEY": API_KEY, "LEMONKIT_MEMORY": f"{cap}MiB"})
+    try:
+        async with Host("standalone", capped.root, API_KEY).client() as client:
+            assert (await _health(client))["memory"]["limit_mb"] == cap
+            assert (await client.post("load", json={"model_name": TINY})).status_code == 200
+            assert (await client.post("load", json={"model_name": TINY_B})).status_code == 200
+            assert list(await _loaded(client)) == [TINY_B]
+            # a request naming the evicted model loads it again, evicting the other
+            response = await client.post("chat/completions", json={"model": TINY, "max_tokens": 2, **CHAT})
+            assert response.status_code == 200 and list(await _loaded(client)) == [TINY]
+            try:
+                # beside a pinned model the other does not fit: a 400 with the figures, and nothing unloaded
+                assert (await client.post("load", json={"model_name": TINY, "pinned": True})).status_code == 200
+                response = await client.post("load", json={"model_name": TINY_B})
+                error = response.json()["error"]
+                assert response.status_code == 400 and error["code"] == "model_load_error"
+                assert f"of the {cap} MiB lemonkit may use (LEMONKIT_MEMORY)" in error["message"]
+                assert f"beside {TINY} (" in error["message"] and "MiB, pinned)" in error["message"]
+                needs = int(re.search(r"needs about (\d+) MiB", error["message"])[1])  # type: ignore[index]
+                assert abs(needs - sizes[TINY_B]) <= 1
+                assert list(await _loaded(client)) == [TINY]
+            finally:
+                await client.delete(f"models/{TINY}/options")  # the pin is saved: other tests expect TINY unpinned
+    finally:
+        capped.stop()
+    small = Standalone({"LEMONADE_API_KEY": API_KEY, "LEMONKIT_MEMORY": f"{min(sizes.values()) // 2}MiB"})
+    try:
+        async with Host("standalone", small.root, API_KEY).client() as client:
+            response = await client.post("load", json={"model_name": TINY})
+            error = response.json()["error"]
+            assert response.status_code == 400 and error["code"] == "model_load_error"
+            assert f"{min(sizes.values()) // 2} MiB are free" in error["message"]
+            assert await _loaded(client) == {}
+    finally:
+        small.stop()
+
+
+async def test_pinned_model_is_never_evicted(counted_host: Host) -> None:
+    async with counted_host.client() as client:
         try:
             assert (await client.post("load", json={"model_name": TINY, "pinned": True})).status_code == 200
             response = await client.post("load", json={"model_name": TINY_B})
@@ -145,11 +210,7 @@ async def test_request_ctx_size_and_save_options_priority(host: Host) -> None:
     assert TINY_B not in json.loads((CACHE_DIR / "recipe_options.json").read_text())
 
 
-@pytest.mark.parametrize(
-    "jp_server_config",
-    [{"ServerApp": {"jpserver_extensions": {"lemonkit": True}}, "LemonkitExtension": {"max_loaded_models": -1}}],
-)
-async def test_unlimited_slots_and_shared_loads(jupyter_host: Host, jp_serverapp: object) -> None:
+async def test_models_share_the_memory_and_concurrent_loads(jupyter_host: Host, jp_serverapp: object) -> None:
     service = jp_serverapp.web_app.settings["lemonkit"]  # type: ignore[attr-defined]
     async with jupyter_host.client() as client:
         before = service.manager.loads_started

@@ -143,9 +143,27 @@ class ServerKernel:
     def client(self) -> Any:
         from jupyter_client.asynchronous import AsyncKernelClient
 
-        client = AsyncKernelClient(connection_file=str(self.server.runtime_dir / f"kernel-{self.id}.json"))
+        class Client(AsyncKernelClient):  # type: ignore[misc]
+            # No heartbeat: a client not made by a KernelManager takes a heartbeat missed in the kernel's first
+            # second (a loaded machine starting it) for a dead kernel; the server says whether it lives.
+            def start_channels(self, *args: Any, **kwargs: Any) -> None:
+                super().start_channels(*args, **{**kwargs, "hb": False})
+
+        client = Client(connection_file=str(self.server.runtime_dir / f"kernel-{self.id}.json"))
         client.load_connection_file()
         return client
+
+    async def is_alive(self) -> bool:
+        async with httpx.AsyncClient(headers=self.headers, timeout=60) as http:
+            found = await http.get(f"{self.server.base}api/kernels/{self.id}")
+        return found.status_code == 200 and found.json()["execution_state"] != "dead"
+
+    async def shutdown_kernel(self, now: bool = False) -> None:
+        async with httpx.AsyncClient(headers=self.headers, timeout=60) as http:
+            await http.delete(f"{self.server.base}api/kernels/{self.id}")
+
+    async def cleanup_resources(self) -> None:
+        """The server cleans up the kernels it started."""
 
     def close(self) -> None:
         httpx.delete(f"{self.server.base}api/kernels/{self.id}", headers=self.headers, timeout=60)

@@ -403,8 +403,8 @@ async def test_files_errors(host: Host) -> None:
 # -- pinned -------------------------------------------------------------------------------------------------------
 
 
-async def test_pinned_is_saved_and_honoured(host: Host) -> None:
-    async with host.client() as client:
+async def test_pinned_is_saved_and_honoured(counted_host: Host) -> None:
+    async with counted_host.client() as client:
         url = f"models/{TINY}/options"
         assert (await client.post("load", json={"model_name": TINY, "pinned": True})).status_code == 200
         body = (await client.get(url)).json()
