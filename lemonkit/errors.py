@@ -32,6 +32,7 @@ __all__ = [
     "ModelNotSupported",
     "NotEmbeddingModel",
     "NotFound",
+    "NotImplementedRoute",
     "QueueFull",
     "RetryLater",
     "SlotsPinned",
@@ -240,6 +241,15 @@ class NotEmbeddingModel(LemonkitError):
     status = 501
     type = "not_implemented_error"
     code = "model_not_applicable"
+
+
+class NotImplementedRoute(LemonkitError):
+    """A route of a foreign API (Ollama's ``/api/create``) that lemonkit has no equivalent of; the message says
+    what to use instead."""
+
+    status = 501
+    type = "not_implemented_error"
+    code = "not_implemented"
 
 
 class HubServiceError(LemonkitError, ConnectionError):

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-__all__ = ["Layout", "gguf_has_key", "read_gguf_context_length", "read_gguf_layout"]
+__all__ = ["Layout", "gguf_has_key", "read_gguf_context_length", "read_gguf_layout", "read_gguf_metadata"]
 
 _context_cache: dict[tuple[str, int, int], int | None] = {}
 _context_lock = threading.Lock()
@@ -144,6 +144,37 @@ def gguf_has_key(path: str | os.PathLike[str], key: str) -> bool:
     except (OSError, ValueError, struct.error, KeyError):
         pass
     return False
+
+
+def read_gguf_metadata(path: str | os.PathLike[str], *, max_string: int = 1 << 20) -> dict[str, Any]:
+    """A GGUF header's key/value section: numbers, booleans and strings as they are (``tokenizer.chat_template``
+    included), each array as an empty list (a vocabulary is megabytes; what Ollama's ``/api/show`` does unless
+    asked to be verbose); ``{}`` when the file is unreadable.
+
+    Args:
+        path: A GGUF file.
+        max_string: Longer strings are left out.
+    """
+    found: dict[str, Any] = {}
+    try:
+        with open(path, "rb", buffering=1 << 16) as f:
+            scan = _Scanner(f)
+            for name, vtype in scan.keys():
+                if vtype in scan.scalar:
+                    value = scan.read(scan.scalar[vtype])
+                    found[name] = bool(value) if vtype == scan.types.BOOL else value
+                elif vtype == scan.types.STRING:
+                    length = scan.read("<Q")
+                    if length <= max_string:
+                        found[name] = f.read(length).decode("utf-8", "replace")
+                    else:
+                        f.seek(length, os.SEEK_CUR)
+                else:
+                    scan.skip(vtype)
+                    found[name] = []
+    except (OSError, ValueError, struct.error, KeyError):
+        return {}
+    return found
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,11 @@ class LoadedModel:
     build: str | None = None
     #: host memory its sidecar is counted for (:func:`lemonkit.placement.host_estimate`; 0: a remote model)
     host_bytes: int = 0
+    #: seconds it stays loaded once idle, as a client last asked (Ollama's ``keep_alive``; ``None``: while memory
+    #: allows), when that ends (``expires_at``, a Unix time while it is idle) and the timer that unloads it then
+    keep_alive: float | None = None
+    expires_at: float | None = None
+    expiry: asyncio.TimerHandle | None = None
 
     @property
     def name(self) -> str:
@@ -177,6 +182,46 @@ class ModelManager:
 
     def loaded(self, name: str) -> LoadedModel | None:
         return self._loaded.get(name)
+
+    def loaded_models(self) -> list[LoadedModel]:
+        return list(self._loaded.values())
+
+    # -- keep-alive ----------------------------------------------------------------------------------------------
+
+    def keep_alive(self, name: str, seconds: float | None, *, given: bool = True) -> None:
+        """Keep ``name`` loaded for ``seconds`` once idle, then unload it (``0``: as soon as it is idle; ``None``:
+        while memory allows, the default). Each later idle moment starts the time again. ``given=False`` (a
+        request that did not say) leaves the model's setting as it is."""
+        model = self._loaded.get(name)
+        if model is None or not given:
+            return
+        model.keep_alive = seconds
+        self._disarm(model)
+        if model.active == 0:
+            self._arm(model)
+
+    def _arm(self, model: LoadedModel) -> None:
+        if model.keep_alive is None or model.upstream is not None:
+            return
+        model.expires_at = time.time() + model.keep_alive
+        model.expiry = asyncio.get_running_loop().call_later(model.keep_alive, self._expire, model)
+
+    def _disarm(self, model: LoadedModel) -> None:
+        if model.expiry is not None:
+            model.expiry.cancel()
+        model.expiry = model.expires_at = None
+
+    def _expire(self, model: LoadedModel) -> None:
+        model.expiry = None
+        if self._loaded.get(model.name) is not model or model.active:
+            return
+        log.info("unloading %s: idle for its keep_alive of %gs", model.name, model.keep_alive or 0)
+        task = asyncio.get_running_loop().create_task(self._unload_quietly(model))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _unload_quietly(self, model: LoadedModel) -> None:
+        await self._unload([model])
 
     def health(self) -> dict[str, Any]:
         from lemonkit import __version__
@@ -364,6 +409,7 @@ class ModelManager:
                 turn.set_capacity(model.slots)
                 model.active += 1
                 model.idle.clear()
+                self._disarm(model)
                 model.last_use = time.time()
                 self._last_used, self._last_of[user], model.last_user = model.name, model.name, user
                 try:
@@ -373,6 +419,7 @@ class ModelManager:
                     model.last_use = time.time()
                     if model.active == 0:
                         model.idle.set()
+                        self._arm(model)
 
     @contextlib.asynccontextmanager
     async def request(self, first: str) -> AsyncIterator[None]:
@@ -540,7 +587,7 @@ class ModelManager:
         model.host_bytes = host_bytes
         return model
 
-    def _device_bytes(self, model: LoadedModel) -> int:
+    def device_bytes(self, model: LoadedModel) -> int:
         """What ``model`` holds on its GPU (its engine's estimate for the layers it offloaded)."""
         offload = model.engine_info.get("offload") or {}
         return int(offload.get("estimate_mb") or 0) * MiB if offload.get("layers") else 0
@@ -584,9 +631,9 @@ class ModelManager:
         )
 
         def on_device() -> list[LoadedModel]:
-            return [m for m in self._loaded.values() if m.build == backend and self._device_bytes(m)]
+            return [m for m in self._loaded.values() if m.build == backend and self.device_bytes(m)]
 
-        while guess.total > capacity - sum(self._device_bytes(m) for m in on_device()):
+        while guess.total > capacity - sum(self.device_bytes(m) for m in on_device()):
             candidates = [m for m in on_device() if not m.pinned]
             if not candidates:
                 break
@@ -594,14 +641,14 @@ class ModelManager:
             log.info(
                 "evicting %s (%d MiB on llamacpp:%s) to make room for %s (%s)",
                 victim.name,
-                self._device_bytes(victim) // MiB,
+                self.device_bytes(victim) // MiB,
                 backend,
                 info.id,
                 guess.describe(),
             )
             self._loaded.pop(victim.name, None)
             await self._stop(victim, drain=True)
-        free = capacity - sum(self._device_bytes(m) for m in on_device())
+        free = capacity - sum(self.device_bytes(m) for m in on_device())
         if guess.total <= free or requested == "auto":
             if guess.total > free:
                 log.info(
@@ -612,7 +659,7 @@ class ModelManager:
                     backend,
                 )
             return max(0, free)
-        held = ", ".join(f"{m.name} ({self._device_bytes(m) // MiB} MiB, pinned)" for m in on_device())
+        held = ", ".join(f"{m.name} ({self.device_bytes(m) // MiB} MiB, pinned)" for m in on_device())
         raise ModelLoadError(
             f"Cannot load {info.id} on llamacpp:{backend}: {guess.describe()}, but {max(0, free) // MiB} of "
             f"{capacity // MiB} MiB are free{' beside ' + held if held else ''}. Ask for fewer layers (-ngl N, or "
@@ -798,6 +845,7 @@ class ModelManager:
         return model
 
     async def _stop(self, model: LoadedModel, *, drain: bool) -> None:
+        self._disarm(model)
         if drain and model.active:
             await model.idle.wait()  # let requests in flight finish before the process goes
         process = model.process

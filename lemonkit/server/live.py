@@ -33,7 +33,7 @@ from tornado import httputil, iostream, web
 from lemonkit.audio import WHISPER_RATE, from_pcm
 from lemonkit.config import LiveLimits
 from lemonkit.errors import InvalidArgument, InvalidRequest, LemonkitError, MissingArgument, ModelNotApplicable
-from lemonkit.server.base import SSE_HEADERS, LemonkitHandler, _as_lemonkit_error, error_event
+from lemonkit.server.base import SSE_HEADERS, LemonkitHandler, as_lemonkit_error, error_event
 from lemonkit.server.utterance import SidecarTranscriber, SpeechInput, StableText
 from lemonkit.vad import VadSettings
 
@@ -302,7 +302,7 @@ class LiveTranscriptionHandler(LemonkitHandler):
                 params = LiveParams.parse(self)
                 model = await self._accept(params)
             except (LemonkitError, web.HTTPError) as exc:
-                await self._refuse(out, _as_lemonkit_error(exc, 500))
+                await self._refuse(out, as_lemonkit_error(exc, 500))
                 return
             await self._session(out, params, model)
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 import secrets
 import struct
 import time
@@ -14,7 +15,7 @@ from typing import Any
 import httpx
 
 from lemonkit.catalog import Support
-from lemonkit.errors import BackendError, ModelNotApplicable, NotEmbeddingModel
+from lemonkit.errors import BackendError, InvalidArgument, ModelNotApplicable, NotEmbeddingModel
 from lemonkit.manager import LoadedModel
 from lemonkit.registry import COLLECTION_OMNI, ModelInfo
 from lemonkit.server import provenance, responses
@@ -30,6 +31,7 @@ __all__ = [
     "ModelsHandler",
     "RerankHandler",
     "ResponsesHandler",
+    "embedding_dimensions",
 ]
 
 
@@ -170,11 +172,34 @@ class EmbeddingsHandler(InferenceHandler):
         self.write_json(self.shape(await self.sidecar_json(model, self.sidecar_path, body), body))
 
     def shape(self, result: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        if body.get("dimensions") is not None:
+            vectors = embedding_dimensions(
+                [item["embedding"] for item in result["data"]], body["dimensions"], body["model"]
+            )
+            for item, vector in zip(result["data"], vectors, strict=True):
+                item["embedding"] = vector
         if body.get("encoding_format") == "base64":
             for item in result["data"]:
                 vector = item["embedding"]
                 item["embedding"] = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
         return result
+
+
+def embedding_dimensions(vectors: list[list[float]], dimensions: int, model: str) -> list[list[float]]:
+    """``vectors`` cut to their first ``dimensions`` values and scaled back to unit length, as OpenAI's
+    ``dimensions`` and Ollama's do (the leading values carry the most for Matryoshka-trained models).
+
+    Raises:
+        InvalidArgument: More dimensions than the model's vectors have.
+    """
+    if vectors and dimensions > len(vectors[0]):
+        raise InvalidArgument(f"dimensions: {model}'s embeddings have {len(vectors[0])}, fewer than {dimensions}")
+    cut = []
+    for vector in vectors:
+        head = vector[:dimensions]
+        norm = math.sqrt(sum(v * v for v in head)) or 1.0
+        cut.append([v / norm for v in head])
+    return cut
 
 
 class RerankHandler(InferenceHandler):

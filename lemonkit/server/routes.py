@@ -12,6 +12,7 @@ from lemonkit.server import (
     lemonade,
     live,
     logs,
+    ollama,
     openai,
     options,
     realtime,
@@ -22,7 +23,15 @@ from lemonkit.server import (
 )
 from lemonkit.server.base import LemonkitHandler, LemonkitWebSocket, NotFoundHandler
 
-__all__ = ["API_PREFIXES", "API_ROUTES", "PROBE_ROUTES", "VERSIONED_WS_ROUTES", "WS_ROUTES", "build"]
+__all__ = [
+    "API_PREFIXES",
+    "API_ROUTES",
+    "OLLAMA_PREFIX",
+    "PROBE_ROUTES",
+    "VERSIONED_WS_ROUTES",
+    "WS_ROUTES",
+    "build",
+]
 
 #: every versioned route is served under each of these
 API_PREFIXES = ("api/v1/", "v1/", "api/v0/", "v0/")
@@ -69,6 +78,9 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("uninstall", install.UninstallHandler),
 ]
 
+#: Ollama's routes (``lemonkit.server.ollama``) live under this, beside ``api/v1/``, as Ollama serves them
+OLLAMA_PREFIX = "api/"
+
 #: the versioned routes polled most (health checks), tried first
 PROBE_ROUTES = [("health", lemonade.HealthHandler)]
 
@@ -108,6 +120,7 @@ def build(root: str, host_base: type[Any], ws_base: type[Any]) -> list[tuple[str
         for path, cls in API_ROUTES
         if (path, cls) not in PROBE_ROUTES
     ]
+    rules += [(f"{root}{OLLAMA_PREFIX}{path}/?", host(cls)) for path, cls in ollama.OLLAMA_ROUTES]
     rules += [(f"{root}{path}/?", host(cls, ws_base)) for path, cls in WS_ROUTES]
     rules += [(f"{root}{p}{path}/?", host(cls, ws_base)) for p in API_PREFIXES for path, cls in VERSIONED_WS_ROUTES]
     rules.append((f"{root}.*", host(NotFoundHandler)))

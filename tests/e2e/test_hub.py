@@ -72,6 +72,24 @@ def test_the_openai_sdk_chats_with_a_users_hub_token(hub: JupyterHub) -> None:
         assert text.strip()
 
 
+def test_ollamas_client_lists_and_chats_with_a_users_hub_token(hub: JupyterHub) -> None:
+    import ollama
+
+    client = ollama.Client(host=hub.service_url.rstrip("/"), headers=hub.headers("alice"), timeout=120)
+    assert f"{DEFAULT_CHAT_MODEL}:latest" in {m.model for m in client.list().models}
+    messages = [{"role": "user", "content": "Say hello."}]
+    answer = client.chat(DEFAULT_CHAT_MODEL, messages=messages, options={"num_predict": 8})
+    assert answer.done and answer.message.content
+    streamed = "".join(
+        part.message.content or ""
+        for part in client.chat(DEFAULT_CHAT_MODEL, messages=messages, stream=True, options={"num_predict": 8})
+    )
+    assert streamed.strip()
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.pull(DEFAULT_CHAT_MODEL)  # a user may not change what everyone shares
+    assert refused.value.status_code == 403
+
+
 def test_the_bearer_scheme_works_too(hub: JupyterHub) -> None:
     response = httpx.get(f"{hub.api}/health", headers={"Authorization": f"Bearer {hub.token('bob')}"}, timeout=60)
     assert response.status_code == 200, response.text

@@ -825,6 +825,34 @@ async def test_delete_during_a_download_cancels_it(env: Env) -> None:
         assert_error(await client.get(f"models/{name}"), 404, "model_not_found")
 
 
+async def test_ollama_pull_streams_the_job_and_delete_frees_it(env: Env) -> None:
+    import ollama
+
+    repo = env.repo()
+    name = fresh("user.ollama-")
+    rows_path = env.root / "cache" / "user_models.json"  # registered, not downloaded: as a catalog entry is
+    rows = json.loads(rows_path.read_text()) if rows_path.exists() else {}
+    rows[name.removeprefix("user.")] = {**registration(repo), "labels": ["chat"]}
+    rows_path.parent.mkdir(parents=True, exist_ok=True)
+    rows_path.write_text(json.dumps(rows))
+    client = ollama.AsyncClient(host=env.host.root.rstrip("/"), headers=env.host.headers, timeout=120)
+    lines = [line async for line in await client.pull(name, stream=True)]
+    assert lines[0].status == "pulling manifest" and lines[-1].status == "success"
+    progress = [line for line in lines if line.completed is not None]
+    assert progress and all(line.digest and line.total for line in progress)
+    assert progress[-1].completed == progress[-1].total == env.files[PLAIN].stat().st_size
+    assert f"{name}:latest" in {m.model for m in (await client.list()).models}
+    assert (await client.pull(name)).status == "success"  # downloaded already: nothing to do
+    answer = await client.chat(name, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2})
+    assert answer.done
+    snapshot = env.storage(repo) / "snapshots" / env.hub.head(repo)
+    await client.delete(name)
+    assert not (snapshot / PLAIN).exists() and f"{name}:latest" not in {m.model for m in (await client.list()).models}
+    with pytest.raises(ollama.ResponseError) as missing:
+        await client.pull("user.no-such-model")
+    assert missing.value.status_code == 404
+
+
 # -- a killed server ---------------------------------------------------------------------------------------------
 
 
