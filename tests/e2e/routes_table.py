@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 from conftest import TINY
 
-from lemonkit.server.routes import API_PREFIXES, API_ROUTES, WS_ROUTES
+from lemonkit.server.ollama import OLLAMA_ROUTES
+from lemonkit.server.routes import API_PREFIXES, API_ROUTES, OLLAMA_PREFIX, WS_ROUTES
 
 #: a value for each path parameter the table names
-SAMPLES = {"model_id": TINY}
+SAMPLES = {"model_id": TINY, "digest": "sha256:" + "0" * 64}
 #: every HTTP method a client can send (Tornado's RequestHandler.SUPPORTED_METHODS)
 METHODS = ("GET", "HEAD", "POST", "DELETE", "PATCH", "PUT", "OPTIONS")
 #: paths no route serves: they must need credentials too
@@ -57,6 +58,11 @@ def api_routes() -> list[Route]:
 def post_routes() -> list[Route]:
     """One path per route that takes a body (``POST``), under the first prefix."""
     return [Route(API_PREFIXES[0] + expand(p)[0], h) for p, h in API_ROUTES if hasattr(h, "post")]
+
+
+def ollama_routes() -> list[Route]:
+    """Ollama's routes (``api/chat``, ...), beside the versioned ones."""
+    return [Route(OLLAMA_PREFIX + path, handler) for pattern, handler in OLLAMA_ROUTES for path in expand(pattern)]
 
 
 def ws_routes() -> list[str]:

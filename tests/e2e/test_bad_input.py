@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 from conftest import TINY, Host
-from routes_table import post_routes
+from routes_table import ollama_routes, post_routes
 
 from lemonkit.server.bodies import MAX_DEPTH
 
@@ -118,6 +118,33 @@ def _problem(response: httpx.Response) -> str | None:
     if not (isinstance(error, dict) and error.get("message") and error.get("type") and "code" in error):
         return f"{response.status_code} not the OpenAI error shape: {response.text[:200]}"
     return None
+
+
+async def test_malformed_bodies_on_ollamas_routes_are_client_errors(host: Host) -> None:
+    failures = []
+    async with httpx.AsyncClient(base_url=host.root, headers=host.headers, timeout=30) as client:
+        for route in ollama_routes():
+            method = "DELETE" if hasattr(route.handler, "delete") and not hasattr(route.handler, "post") else "POST"
+            if not hasattr(route.handler, method.lower()):
+                continue
+            for name, body, content_type in CORPUS:
+                response = await client.request(
+                    method, route.path, content=body, headers={"Content-Type": content_type}
+                )
+                if name in EMPTY and route.path in ("api/version", "api/tags", "api/ps"):
+                    continue
+                expected = 501 if route.handler.__name__ in UNSUPPORTED else None
+                bad = not (400 <= response.status_code < 500 or response.status_code == expected)
+                shape = response.headers.get("content-type", "").startswith("application/json") and isinstance(
+                    response.json().get("error"), str
+                )
+                if bad or not shape:
+                    failures.append(f"{method} {route.path} {name}: {response.status_code} {response.text[:200]}")
+    assert not failures, "\n".join(failures)
+
+
+#: Ollama routes lemonkit has no equivalent of: any body gets their 501
+UNSUPPORTED = {"CreateHandler", "CopyHandler", "PushHandler", "BlobsHandler"}
 
 
 @pytest.mark.parametrize("body", [b"[" * 5000 + b"]" * 5000, b'{"a":' * 3000 + b"1" + b"}" * 3000])

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from conftest import API_KEY, Host, Standalone
-from routes_table import METHODS, UNKNOWN, api_routes, ws_routes
+from routes_table import METHODS, UNKNOWN, api_routes, ollama_routes, ws_routes
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
@@ -51,6 +51,20 @@ async def test_every_route_of_the_table_needs_credentials(host: Host, credential
             _assert_error(await client.get(path, headers=UPGRADE), 401, "invalid_api_key")
         # only /live is open
         assert (await client.get("live")).json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("credentials", [{}, {"Authorization": "Bearer wrong"}], ids=["missing", "wrong"])
+async def test_every_ollama_route_needs_credentials(host: Host, credentials: dict[str, str]) -> None:
+    routes = ollama_routes()
+    assert len(routes) >= 14
+    async with httpx.AsyncClient(base_url=host.root, headers=credentials, timeout=30) as client:
+        for route in routes:
+            for method in METHODS:
+                body = b"{}" if method in ("POST", "PUT", "PATCH") else None
+                response = await client.request(method, route.path, content=body)
+                assert response.status_code == 401, (method, route.path, response.text)
+                if method != "HEAD":  # Ollama's shape
+                    assert isinstance(response.json()["error"], str), (method, route.path, response.text)
 
 
 async def test_the_key_in_the_query_opens_only_websockets(standalone: Standalone) -> None:
