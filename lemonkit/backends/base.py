@@ -149,6 +149,7 @@ class SidecarRoute(NamedTuple):
 ROUTES: dict[str, SidecarRoute] = {
     "/v1/chat/completions": SidecarRoute("chat", True),
     "/v1/completions": SidecarRoute("complete", True),
+    "/v1/chat/tokens": SidecarRoute("count_chat_tokens", False),  # a chat request's prompt, counted
     "/v1/embeddings": SidecarRoute("embed", False),
     "/v1/rerank": SidecarRoute("rerank", False),
     # speech-to-text: transcribe() answers /transcriptions, /details, /live and /realtime (the front shapes them)

@@ -37,6 +37,7 @@ from lemonkit.gguf_header import read_gguf_metadata
 from lemonkit.manager import LoadedModel
 from lemonkit.registry import ModelInfo
 from lemonkit.server.base import LemonkitHandler, as_lemonkit_error
+from lemonkit.server.chat_stream import ChatStream
 from lemonkit.server.downloads import delete_model
 from lemonkit.server.openai import embedding_dimensions
 
@@ -309,74 +310,40 @@ def generate_request(body: dict[str, Any], model_id: str) -> tuple[str, dict[str
     return "/v1/chat/completions", schemas.validate("chat/completions", chat)
 
 
-class _Answer:
-    """An OpenAI stream of chunks, read into Ollama's pieces: text, thinking, whole tool calls, and the end."""
+class _Answer(ChatStream):
+    """An OpenAI chat stream read into Ollama's pieces: text, thinking, and each tool call whole once the next
+    starts or the answer ends (Ollama sends a call whole, with its arguments as an object)."""
 
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.thinking: list[str] = []
-        self.calls: dict[int, dict[str, Any]] = {}
-        self.sent_calls = 0
-        self.finish: str | None = None
-        self.usage: dict[str, Any] = {}
-        self.first_token_ns: int | None = None
+    sent_calls: int = 0
 
-    def feed(self, chunk: dict[str, Any]) -> tuple[str, str, list[dict[str, Any]]]:
+    def step(self, chunk: dict[str, Any]) -> tuple[str, str, list[dict[str, Any]]]:
         """(text, thinking, tool calls now complete) of one chunk."""
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        text, thinking = "", ""
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if "text" in choice:  # a completion's chunk
-                text += choice.get("text") or ""
-            text += delta.get("content") or ""
-            thinking += delta.get("reasoning_content") or ""
-            for call in delta.get("tool_calls") or []:
-                entry = self.calls.setdefault(int(call.get("index", 0)), {"id": None, "name": "", "arguments": ""})
-                function = call.get("function") or {}
-                entry["id"] = call.get("id") or entry["id"]
-                entry["name"] += function.get("name") or ""
-                entry["arguments"] += function.get("arguments") or ""
-            if choice.get("finish_reason"):
-                self.finish = choice["finish_reason"]
-        if (text or thinking or self.calls) and self.first_token_ns is None:
-            self.first_token_ns = time.perf_counter_ns()
-        self.text.append(text)
-        self.thinking.append(thinking)
-        # a call is whole once the next one starts, or the answer ends
-        done = len(self.calls) if self.finish is not None else max(0, len(self.calls) - 1)
-        ready = [self._call(i) for i in sorted(self.calls)[self.sent_calls : done]]
+        pieces = self.feed(chunk)
+        text = "".join(p.text for p in pieces if p.kind == "text")
+        thinking = "".join(p.text for p in pieces if p.kind == "thinking")
+        done = len(self.calls) if self.finish_reason is not None else max(0, len(self.calls) - 1)
+        ready = [self.call(i) for i in sorted(self.calls)[self.sent_calls : done]]
         self.sent_calls = max(self.sent_calls, done)
         return text, thinking, ready
 
-    def _call(self, index: int) -> dict[str, Any]:
+    def call(self, index: int) -> dict[str, Any]:
         entry = self.calls[index]
-        try:
-            arguments = json.loads(entry["arguments"] or "{}")
-        except ValueError:
-            arguments = {}
-        if not isinstance(arguments, dict):
-            arguments = {"value": arguments}
-        return {
-            "id": entry["id"] or f"call_{index}",
-            "function": {"index": index, "name": entry["name"], "arguments": arguments},
-        }
+        return {"id": entry.id, "function": {"index": index, "name": entry.name, "arguments": entry.parsed()}}
 
     @property
     def done_reason(self) -> str:
-        return "length" if self.finish == "length" else "stop"  # Ollama says "stop" after tool calls too
+        return "length" if self.finish_reason == "length" else "stop"  # Ollama says "stop" after tool calls too
 
     def figures(self, start_ns: int, ready_ns: int) -> dict[str, int]:
         """Ollama's counts and durations (nanoseconds): loading, the prompt until the first token, the rest."""
         end = time.perf_counter_ns()
-        first = self.first_token_ns or end
+        first = self.first_ns or end
         return {
             "total_duration": end - start_ns,
             "load_duration": ready_ns - start_ns,
-            "prompt_eval_count": int(self.usage.get("prompt_tokens") or 0),
+            "prompt_eval_count": self.prompt_tokens,
             "prompt_eval_duration": first - ready_ns,
-            "eval_count": int(self.usage.get("completion_tokens") or 0),
+            "eval_count": self.completion_tokens,
             "eval_duration": end - first,
         }
 
@@ -685,9 +652,9 @@ class _ModelRun(OllamaHandler):
                 else:
                     async with contextlib.aclosing(self.sidecar_events(model, upstream)) as events:
                         async for chunk in events:
-                            answer.feed(chunk)
+                            answer.step(chunk)
                     message = self.piece(
-                        "".join(answer.text), "".join(answer.thinking), [answer._call(i) for i in sorted(answer.calls)]
+                        answer.content, answer.reasoning, [answer.call(i) for i in sorted(answer.calls)]
                     )
                     self.write_json(
                         {
@@ -708,7 +675,7 @@ class _ModelRun(OllamaHandler):
         try:
             async with contextlib.aclosing(self.sidecar_events(model, upstream)) as events:
                 async for chunk in events:
-                    text, thinking, calls = answer.feed(chunk)
+                    text, thinking, calls = answer.step(chunk)
                     if text or thinking or calls:
                         yield self.line(
                             {"model": name, "created_at": _now(), **self.piece(text, thinking, calls), "done": False}

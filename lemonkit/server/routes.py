@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lemonkit.server import (
+    anthropic,
     audio,
     downloads,
     images,
@@ -40,6 +41,8 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("chat/completions", openai.ChatCompletionsHandler),
     ("completions", openai.CompletionsHandler),
     ("responses", openai.ResponsesHandler),
+    ("messages", anthropic.MessagesHandler),
+    ("messages/count_tokens", anthropic.CountTokensHandler),
     ("embeddings", openai.EmbeddingsHandler),
     ("(?:rerank|reranking|reranker)", openai.RerankHandler),
     ("audio/transcriptions", audio.TranscriptionHandler),

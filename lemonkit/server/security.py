@@ -49,7 +49,7 @@ __all__ = ["POLICY_KEY", "BrowserPolicy", "is_loopback", "split_list"]
 POLICY_KEY = "lemonkit_browser_policy"
 
 #: headers a browser page may send cross-origin (besides the CORS-safelisted ones)
-ALLOW_HEADERS = "Authorization, Content-Type"
+ALLOW_HEADERS = "Authorization, Content-Type, X-Api-Key"
 
 _HOST = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[^:\[\]/@\s]*))(?::(?P<port>\d{1,5}))?$")
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}

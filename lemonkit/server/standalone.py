@@ -34,12 +34,14 @@ else:
 
 
 def _authorize(handler: web.RequestHandler, *, query: bool) -> None:
-    """Refuse a request without the ``LEMONADE_API_KEY`` (when one is set) in its Bearer header or, if
-    ``query``, its ``api_key`` parameter."""
+    """Refuse a request without the ``LEMONADE_API_KEY`` (when one is set) in its Bearer header (or
+    ``X-Api-Key``, as Anthropic's clients send it) or, if ``query``, its ``api_key`` parameter."""
     key = handler.settings[SETTINGS_KEY].settings.api_key
     if not key or not getattr(handler, "auth_required", True):
         return
     scheme, _, token = handler.request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" and "X-Api-Key" in handler.request.headers:
+        scheme, token = "bearer", handler.request.headers["X-Api-Key"]  # Anthropic's SDK sends its key so
     if scheme.lower() != "bearer" and query:
         scheme, token = "bearer", handler.get_query_argument("api_key", "")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):

@@ -31,8 +31,16 @@ def _assert_error(response: httpx.Response, status: int, code: str) -> None:
     assert response.status_code == status, (response.request.method, response.request.url, response.text)
     assert response.headers["content-type"].startswith("application/json")
     if response.request.method != "HEAD":
-        error = response.json()["error"]
+        body = response.json()
+        error = body["error"]
+        if body.get("type") == "error":  # Anthropic's shape, on /v1/messages
+            assert error["type"] == _ANTHROPIC_TYPES[status] and error["message"], body
+            assert "/messages" in response.request.url.path, body
+            return
         assert error["code"] == code and error["message"] and error["type"], error
+
+
+_ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
 
 # -- credentials on every route of the table ---------------------------------------------------------------------

@@ -56,6 +56,8 @@ class StopMatcher:
         self._longest = max((len(s) for s in self.stops), default=0)
         self._held = ""
         self.stopped = False
+        #: the stop string that ended the text, once one has
+        self.matched: str | None = None
 
     def feed(self, text: str) -> str:
         """The text safe to emit now (stop strings and what follows them never are)."""
@@ -67,7 +69,7 @@ class StopMatcher:
         for s in self.stops:
             j = buf.find(s)
             if j >= 0 and (cut < 0 or j < cut):
-                cut = j
+                cut, self.matched = j, s
         if cut >= 0:
             self.stopped = True
             self._held = ""

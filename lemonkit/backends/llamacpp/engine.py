@@ -382,6 +382,12 @@ class LlamaCppEngine:
         )
         return chunks if body.get("stream") else completion(base, jobs, chunks, runs)
 
+    def count_chat_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``/v1/chat/tokens``: the tokens of the prompt a chat request renders to (its messages, tools and system
+        turn through the model's template), without generating: Anthropic's ``count_tokens``."""
+        job, _ = self._chat_job(body)
+        return {"input_tokens": len(job.tokens)}
+
     def embed(self, body: dict[str, Any]) -> dict[str, Any]:
         """``/v1/embeddings``: L2-normalised float vectors, one per input."""
         if self.kind != "embedding":

@@ -317,7 +317,7 @@ class Generator:
                 if stopper is not None:
                     text = stopper.feed(text)
                     if stopper.stopped:
-                        run.finish_reason = "stop"
+                        run.finish_reason, run.stop_word = "stop", stopper.matched
                         yield text, lp
                         break
                 yield text, lp

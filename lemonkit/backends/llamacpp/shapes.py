@@ -52,6 +52,8 @@ class Run:
     ttft: float = 0.0
     times: list[float] = field(default_factory=list)
     decode_threads: int = 0  # of the decode that gave the last token: fewer than -t when cores were taken
+    #: the stop string that ended it (its choice's ``stop_sequence``, which Anthropic's ``stop_sequence`` reads)
+    stop_word: str | None = None
 
     def timings(self) -> dict[str, Any]:
         """llama-server's ``timings`` object."""
@@ -77,6 +79,10 @@ class Run:
             "total_tokens": self.prompt_tokens + self.generated,
             "prompt_tokens_details": {"cached_tokens": self.cached},
         }
+
+    def stopped_by(self) -> dict[str, str]:
+        """``{"stop_sequence": s}`` when a stop string ``s`` ended the text, else nothing."""
+        return {"stop_sequence": self.stop_word} if self.stop_word is not None else {}
 
     @property
     def finish(self) -> str:
@@ -250,6 +256,7 @@ def chat_message(base: dict[str, Any], deltas: Iterator[Delta], run: Run, job: J
         "message": message,
         "logprobs": {"content": logprobs} if job.n_probs is not None else None,
         "finish_reason": run.finish,
+        **run.stopped_by(),
     }
     return {**base, "choices": [choice], "usage": run.usage(), "timings": run.timings()}
 
@@ -289,7 +296,10 @@ def chat_stream(
         return  # nobody is listening: no final chunk
     if not started:
         yield role
-    last = {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": run.finish}]}
+    last = {
+        **base,
+        "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": run.finish, **run.stopped_by()}],
+    }
     if include_usage:
         yield last
         last = {**base, "choices": [], "usage": run.usage()}
