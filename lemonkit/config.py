@@ -299,6 +299,8 @@ class Settings:
             the machine's, less a reserve for everything else), counted by each model's estimate
             (:func:`lemonkit.placement.host_estimate`); a load that does not fit evicts models, least recently used
             first.
+        metrics_open: ``GET /metrics`` answers without credentials (``LEMONKIT_METRICS_OPEN=1``): a Prometheus
+            server scrapes it; Jupyter's host keeps its own authentication.
         gpu_memory: Bytes of GPU memory lemonkit's models may take in all, below what the devices have
             (``LEMONKIT_GPU_MEMORY``, e.g. ``6GiB``): a share of a GPU others use too.
         backend_wheels_dir: Where wheels of llama.cpp builds are kept, so a reinstall does not compile again
@@ -346,6 +348,9 @@ class Settings:
         default_factory=lambda: os.environ.get("LEMONKIT_LLAMACPP_BACKEND", "").strip() or None
     )
     memory: int | None = field(default_factory=lambda: _env_size("LEMONKIT_MEMORY"))
+    metrics_open: bool = field(
+        default_factory=lambda: os.environ.get("LEMONKIT_METRICS_OPEN", "").strip().lower() in ("1", "true", "yes")
+    )
     gpu_memory: int | None = field(default_factory=lambda: _env_size("LEMONKIT_GPU_MEMORY"))
     backend_wheels_dir: Path | None = field(
         default_factory=lambda: (

@@ -16,7 +16,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -44,6 +44,7 @@ from lemonkit.errors import (
 from lemonkit.fairness import FairScheduler
 from lemonkit.gguf_header import read_gguf_context_length, read_gguf_layout
 from lemonkit.llamacpp_args import parse_llamacpp_args
+from lemonkit.metrics import add_totals
 from lemonkit.options import (
     AUTO_CTX_SIZE,
     RECIPE_OPTIONS,
@@ -177,6 +178,13 @@ class ModelManager:
         self._background: set[asyncio.Task[None]] = set()
         #: sidecars spawned so far (concurrent requests for a model that is loading share one)
         self.loads_started = 0
+        #: for /metrics, per model: loads that went through, requests admitted, unloads by reason (``memory``,
+        #: ``device``, ``count``, ``keep_alive``: evictions; ``request``: asked for), and the generation totals of
+        #: sidecars that have exited
+        self.loads: Counter[str] = Counter()
+        self.requests: Counter[str] = Counter()
+        self.unloads: Counter[tuple[str, str]] = Counter()
+        self._retired: dict[str, dict[str, Any]] = {}
 
     # -- queries -------------------------------------------------------------------------------------------------
 
@@ -185,6 +193,25 @@ class ModelManager:
 
     def loaded_models(self) -> list[LoadedModel]:
         return list(self._loaded.values())
+
+    async def generation_totals(self) -> dict[str, dict[str, Any]]:
+        """Per model, what its engines generated since this server started (:mod:`lemonkit.metrics`): the loaded
+        sidecars' own figures, asked for now, and those of sidecars that have exited."""
+        loaded = [m for m in self._loaded.values() if m.process is not None]
+        live = await asyncio.gather(*(self._totals_of(m) for m in loaded))
+        out = dict(self._retired)
+        for model, totals in zip(loaded, live, strict=True):
+            out[model.name] = add_totals(out.get(model.name, {}), totals)
+        return {name: totals for name, totals in out.items() if totals}
+
+    async def _totals_of(self, model: LoadedModel) -> dict[str, Any]:
+        """A sidecar's generation totals (``{}`` from one that does not answer at once: a scrape never waits)."""
+        try:
+            response = await model.client.get("/metrics", timeout=2)
+            totals: dict[str, Any] = response.json() if response.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return {}
+        return totals
 
     # -- keep-alive ----------------------------------------------------------------------------------------------
 
@@ -216,12 +243,13 @@ class ModelManager:
         if self._loaded.get(model.name) is not model or model.active:
             return
         log.info("unloading %s: idle for its keep_alive of %gs", model.name, model.keep_alive or 0)
+        self.unloads[model.name, "keep_alive"] += 1
         task = asyncio.get_running_loop().create_task(self._unload_quietly(model))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     async def _unload_quietly(self, model: LoadedModel) -> None:
-        await self._unload([model])
+        await self._unload([model], reason="")
 
     def health(self) -> dict[str, Any]:
         from lemonkit import __version__
@@ -403,6 +431,7 @@ class ModelManager:
         """
         user = caller.current.get().name
         async with self.fairness.admission(user, name, metered=metered):
+            self.requests[name] += 1
             await self._ready(name, ctx_size)
             async with self.fairness.turn(name, user) as turn:
                 model = await self._ready(name, ctx_size)  # it may have been evicted while this request waited
@@ -502,9 +531,11 @@ class ModelManager:
         """Unload every loaded model ``predicate`` selects (those of a backend that is being uninstalled)."""
         return await self._unload([m for m in self._loaded.values() if predicate(m)])
 
-    async def _unload(self, victims: list[LoadedModel], *, drain: bool = False) -> list[str]:
+    async def _unload(self, victims: list[LoadedModel], *, drain: bool = False, reason: str = "request") -> list[str]:
         for model in victims:
             self._loaded.pop(model.name, None)
+            if reason:
+                self.unloads[model.name, reason] += 1
         await asyncio.gather(*(self._stop(m, drain=drain) for m in victims))
         return [m.name for m in victims]
 
@@ -516,6 +547,7 @@ class ModelManager:
             return
         if self._loaded.get(model.name) is model:
             del self._loaded[model.name]
+            self.unloads[model.name, "failed"] += 1
             log.warning("sidecar for %s failed; it will be reloaded on next use", model.name)
         if model.process is not None and model.process.returncode is None:
             model.process.kill()
@@ -544,6 +576,7 @@ class ModelManager:
             model = await (self._connect(info) if info.remote is not None else self._start(info, options))
             model.pinned = pinned
             self._loaded[info.id] = model
+            self.loads[info.id] += 1
             self.fairness.queue(info.id).set_capacity(model.slots)  # /v1/health reports them before any request
             self._last_used = info.id
             log.info("loaded %s (%s)", info.id, f"pid {model.process.pid}" if model.process else model.backend_url)
@@ -647,6 +680,7 @@ class ModelManager:
                 guess.describe(),
             )
             self._loaded.pop(victim.name, None)
+            self.unloads[victim.name, "device"] += 1
             await self._stop(victim, drain=True)
         free = capacity - sum(self.device_bytes(m) for m in on_device())
         if guess.total <= free or requested == "auto":
@@ -727,6 +761,7 @@ class ModelManager:
             victim = min(candidates, key=lambda m: m.last_use)
             log.info("evicting %s to make room for %s", victim.name, info.id)
             self._loaded.pop(victim.name, None)
+            self.unloads[victim.name, "count"] += 1
             same_type.remove(victim)
             await self._stop(victim, drain=True)
 
@@ -760,6 +795,7 @@ class ModelManager:
                 max(0, free) // MiB,
             )
             self._loaded.pop(victim.name, None)
+            self.unloads[victim.name, "memory"] += 1
             await self._stop(victim, drain=True)
         if need <= free:
             return
@@ -850,6 +886,7 @@ class ModelManager:
             await model.idle.wait()  # let requests in flight finish before the process goes
         process = model.process
         if process is not None and process.returncode is None:
+            self._retired[model.name] = add_totals(self._retired.get(model.name, {}), await self._totals_of(model))
             assert process.stdin is not None
             process.stdin.close()  # the sidecar exits when its stdin closes
             try:

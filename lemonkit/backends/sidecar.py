@@ -222,8 +222,12 @@ def create_app(engine: Engine, *, ping_interval: float = 10.0, handoffs: handoff
     async def stats(request: Request) -> Response:
         return JSONResponse(engine.stats())
 
+    async def metrics(request: Request) -> Response:
+        totals = getattr(engine, "metrics", None)  # engines that generate tokens keep them
+        return JSONResponse(totals() if totals is not None else {})
+
     routes = [Route(path, run_route, methods=["POST"]) for path in ROUTES]
-    routes += [Route("/health", health), Route("/stats", stats)]
+    routes += [Route("/health", health), Route("/stats", stats), Route("/metrics", metrics)]
     return Starlette(routes=routes)
 
 

@@ -78,6 +78,8 @@ class Job:
         self._file_done = False
         #: bytes this job took off the network (a resumed file counts only what it fetched)
         self.received = 0
+        #: of those, the bytes its manager's per-model total already holds
+        self.counted = 0
         self.finished_at: float | None = None
         self.finished_wall: float | None = None  # the same moment, as downloads.json keeps it
         self.subscribers = 0

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 from lemonkit.config import Settings
@@ -60,6 +61,7 @@ class DownloadManager:
         self.updates = UpdateChecker(self.hub, registry, settings.update_check_interval)
         registry.update_check = self.updates
         self._jobs: dict[str, Job] = {}
+        self._received: Counter[str] = Counter()  # bytes downloaded per model by jobs that have stopped
         self._threads: set[threading.Thread] = set()
         self.fetcher = Fetcher(registry.cache, self.hub)
         self.state_path = settings.cache_dir / STATE_FILE
@@ -75,6 +77,13 @@ class DownloadManager:
 
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)
+
+    def bytes_received(self) -> dict[str, int]:
+        """Bytes taken off the network per model since this server started (``/metrics``)."""
+        totals = Counter(self._received)
+        for job in list(self._jobs.values()):
+            totals[job.model_name] += job.received - job.counted
+        return dict(totals)
 
     def jobs(self, *, visible_to: str | None = None) -> list[Job]:
         """Jobs ``GET /v1/downloads`` lists: those a ``subscribe=false`` pull made server-owned, and a load's
@@ -346,6 +355,8 @@ class DownloadManager:
             self._set_planned(job, err)
             job.finish(err)
         finally:
+            self._received[job.model_name] += job.received - job.counted
+            job.counted = job.received
             self._set_planned(job, DownloadStopped(f"The download of {job.model_name} was {job.status}"))
             self._threads.discard(threading.current_thread())
             if job.remove_when_stopped:

@@ -13,6 +13,7 @@ from lemonkit.server import (
     lemonade,
     live,
     logs,
+    metrics,
     ollama,
     openai,
     options,
@@ -29,6 +30,7 @@ __all__ = [
     "API_ROUTES",
     "OLLAMA_PREFIX",
     "PROBE_ROUTES",
+    "ROOT_ROUTES",
     "VERSIONED_WS_ROUTES",
     "WS_ROUTES",
     "build",
@@ -81,6 +83,9 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("uninstall", install.UninstallHandler),
 ]
 
+#: routes at the mount point itself, unversioned like ``/live``
+ROOT_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [("metrics", metrics.MetricsHandler)]
+
 #: Ollama's routes (``lemonkit.server.ollama``) live under this, beside ``api/v1/``, as Ollama serves them
 OLLAMA_PREFIX = "api/"
 
@@ -123,6 +128,7 @@ def build(root: str, host_base: type[Any], ws_base: type[Any]) -> list[tuple[str
         for path, cls in API_ROUTES
         if (path, cls) not in PROBE_ROUTES
     ]
+    rules += [(f"{root}{path}/?", host(cls)) for path, cls in ROOT_ROUTES]
     rules += [(f"{root}{OLLAMA_PREFIX}{path}/?", host(cls)) for path, cls in ollama.OLLAMA_ROUTES]
     rules += [(f"{root}{path}/?", host(cls, ws_base)) for path, cls in WS_ROUTES]
     rules += [(f"{root}{p}{path}/?", host(cls, ws_base)) for p in API_PREFIXES for path, cls in VERSIONED_WS_ROUTES]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from conftest import TINY
 
 from lemonkit.server.ollama import OLLAMA_ROUTES
-from lemonkit.server.routes import API_PREFIXES, API_ROUTES, OLLAMA_PREFIX, WS_ROUTES
+from lemonkit.server.routes import API_PREFIXES, API_ROUTES, OLLAMA_PREFIX, ROOT_ROUTES, WS_ROUTES
 
 #: a value for each path parameter the table names
 SAMPLES = {"model_id": TINY, "digest": "sha256:" + "0" * 64}
@@ -53,6 +53,11 @@ def api_routes() -> list[Route]:
         for pattern, handler in API_ROUTES
         for path in expand(pattern)
     ]
+
+
+def root_routes() -> list[Route]:
+    """The unversioned routes at the mount point (``metrics``)."""
+    return [Route(path, handler) for pattern, handler in ROOT_ROUTES for path in expand(pattern)]
 
 
 def post_routes() -> list[Route]:

@@ -70,6 +70,8 @@ async def test_a_memory_cap_evicts_the_least_recently_used_and_refuses_what_cann
             assert (await client.post("load", json={"model_name": TINY})).status_code == 200
             assert (await client.post("load", json={"model_name": TINY_B})).status_code == 200
             assert list(await _loaded(client)) == [TINY_B]
+            evicted = (await client.get(capped.root + "metrics")).text
+            assert f'lemonkit_model_unloads_total{{model="{TINY}",reason="memory"}} 1.0' in evicted
             # a request naming the evicted model loads it again, evicting the other
             response = await client.post("chat/completions", json={"model": TINY, "max_tokens": 2, **CHAT})
             assert response.status_code == 200 and list(await _loaded(client)) == [TINY]

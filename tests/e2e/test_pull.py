@@ -841,6 +841,9 @@ async def test_ollama_pull_streams_the_job_and_delete_frees_it(env: Env) -> None
     progress = [line for line in lines if line.completed is not None]
     assert progress and all(line.digest and line.total for line in progress)
     assert progress[-1].completed == progress[-1].total == env.files[PLAIN].stat().st_size
+    async with env.client() as http:  # the bytes it took off the network, in /metrics
+        metrics = (await http.get(env.host.root + "metrics")).text
+    assert f'lemonkit_download_bytes_total{{model="{name}"}} {float(env.files[PLAIN].stat().st_size)}' in metrics
     assert f"{name}:latest" in {m.model for m in (await client.list()).models}
     assert (await client.pull(name)).status == "success"  # downloaded already: nothing to do
     answer = await client.chat(name, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2})

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from conftest import API_KEY, Host, Standalone
-from routes_table import METHODS, UNKNOWN, api_routes, ollama_routes, ws_routes
+from routes_table import METHODS, UNKNOWN, api_routes, ollama_routes, root_routes, ws_routes
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
@@ -48,7 +48,7 @@ _ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "
 
 @pytest.mark.parametrize("credentials", [{}, {"Authorization": "Bearer wrong"}], ids=["missing", "wrong"])
 async def test_every_route_of_the_table_needs_credentials(host: Host, credentials: dict[str, str]) -> None:
-    routes = [route.path for route in api_routes()] + list(UNKNOWN)
+    routes = [route.path for route in api_routes() + root_routes()] + list(UNKNOWN)
     assert len(routes) > 80
     async with httpx.AsyncClient(base_url=host.root, headers=credentials, timeout=30) as client:
         for path in routes:

@@ -332,6 +332,10 @@ class LlamaCppEngine:
         """``/v1/stats`` fields of the last generation (empty before the first)."""
         return dict(self._gen.stats)
 
+    def metrics(self) -> dict[str, Any]:
+        """Every generation's figures since the load (:class:`lemonkit.metrics.GenerationTotals`)."""
+        return self._gen.totals.to_dict()
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True

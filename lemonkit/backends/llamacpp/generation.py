@@ -24,6 +24,7 @@ from lemonkit.backends.llamacpp.batch import Batcher, End
 from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores
 from lemonkit.backends.llamacpp.shapes import Run
 from lemonkit.errors import InvalidArgument
+from lemonkit.metrics import GenerationTotals
 
 if TYPE_CHECKING:
     from lemonkit.backends.llamacpp.vision import Vision
@@ -211,6 +212,8 @@ class Generator:
         self._pieces: dict[int, tuple[bytes, bool, str | None]] = {}
         #: ``/v1/stats`` fields of the last generation to finish (empty before the first)
         self.stats: dict[str, Any] = {}
+        #: every generation's figures since the load (the sidecar's /metrics)
+        self.totals = GenerationTotals()
         self._batcher = Batcher(
             llm,
             n_parallel=n_parallel,
@@ -335,6 +338,12 @@ class Generator:
             self._record(run)
 
     def _record(self, run: Run) -> None:
+        self.totals.record(
+            prompt_tokens=run.prompt_tokens,
+            cached_tokens=run.cached,
+            ttft=run.ttft if run.generated else None,
+            token_times=run.times,
+        )
         decode_s = sum(run.times)
         self.stats = {
             "time_to_first_token": run.ttft if run.generated else (time.perf_counter() - run.t_start),
