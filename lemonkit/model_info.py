@@ -72,6 +72,7 @@ __all__ = [
     "ModelInfo",
     "RemoteInfo",
     "ResolvedFiles",
+    "a_model_of",
     "check_remote_url",
     "labels_with_flags",
     "normalize_labels",
@@ -520,3 +521,9 @@ def _parse_remote(model_id: str, row: dict[str, Any], *, user: bool) -> ModelInf
         user=user,
         remote=RemoteInfo(urls=tuple(dict.fromkeys(check_remote_url(u) for u in urls)), api_key_env=key_env),
     )
+
+
+def a_model_of(kind: str) -> str:
+    """``"an embedding model"``, ``"a tts model"``, ``"an llm model"``: a model type in a sentence."""
+    article = "an" if kind[:1] in "aeio" or kind == "llm" else "a"
+    return f"{article} {kind} model"

@@ -22,6 +22,7 @@ import httpx
 from lemonkit import schemas
 from lemonkit.errors import InvalidArgument, LemonkitError, MissingArgument, ModelNotApplicable
 from lemonkit.manager import LoadedModel
+from lemonkit.model_info import a_model_of
 from lemonkit.registry import ModelInfo
 from lemonkit.server.base import LemonkitHandler, as_lemonkit_error
 from lemonkit.server.chat_stream import ChatStream, Piece
@@ -338,7 +339,7 @@ class _AnthropicRoute(LemonkitHandler):
             raise MissingArgument("model: required")
         info = await self.service.usable(name)
         if info.type != "llm":
-            raise ModelNotApplicable(f"{info.id} is an {info.type} model; /v1/messages needs a chat model")
+            raise ModelNotApplicable(f"{info.id} is {a_model_of(info.type)}; /v1/messages needs a chat model")
         return info
 
 

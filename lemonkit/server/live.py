@@ -33,6 +33,7 @@ from tornado import httputil, iostream, web
 from lemonkit.audio import WHISPER_RATE, from_pcm
 from lemonkit.config import LiveLimits
 from lemonkit.errors import InvalidArgument, InvalidRequest, LemonkitError, MissingArgument, ModelNotApplicable
+from lemonkit.model_info import a_model_of
 from lemonkit.server.base import SSE_HEADERS, LemonkitHandler, as_lemonkit_error, error_event
 from lemonkit.server.utterance import SidecarTranscriber, SpeechInput, StableText
 from lemonkit.vad import VadSettings
@@ -322,7 +323,7 @@ class LiveTranscriptionHandler(LemonkitHandler):
             )
         info = await self.service.usable(params.model)
         if info.type != "transcription":
-            raise ModelNotApplicable(f"{info.id} is a {info.type} model; {self.request.path} needs transcription")
+            raise ModelNotApplicable(f"{info.id} is {a_model_of(info.type)}; {self.request.path} needs transcription")
         await self.service.manager.warm(info.id)  # loaded now, so that a load failure is answered with its status
         return info.id
 

@@ -35,6 +35,7 @@ from lemonkit.errors import (
 )
 from lemonkit.gguf_header import read_gguf_metadata
 from lemonkit.manager import LoadedModel
+from lemonkit.model_info import a_model_of
 from lemonkit.registry import ModelInfo
 from lemonkit.server.base import LemonkitHandler, as_lemonkit_error
 from lemonkit.server.chat_stream import ChatStream
@@ -585,7 +586,7 @@ class _ModelRun(OllamaHandler):
         body = self.ollama_body()
         info = await self.service.usable(self.model_name(body))
         if info.type != "llm":
-            raise ModelNotApplicable(f"{info.id} is an {info.type} model; /api/{self.kind} needs a chat model")
+            raise ModelNotApplicable(f"{info.id} is {a_model_of(info.type)}; /api/{self.kind} needs a chat model")
         keep_alive = parse_keep_alive(body.get("keep_alive"))
         num_ctx = (body.get("options") or {}).get("num_ctx") if isinstance(body.get("options"), dict) else None
         if num_ctx is not None and (not isinstance(num_ctx, int) or isinstance(num_ctx, bool) or num_ctx < 1):
@@ -740,7 +741,7 @@ class EmbedHandler(OllamaHandler):
         body = self.ollama_body()
         info = await self.service.usable(self.model_name(body))
         if info.type != "embedding":
-            raise ModelNotApplicable(f"{info.id} is an {info.type} model; /api/embed needs an embedding model")
+            raise ModelNotApplicable(f"{info.id} is {a_model_of(info.type)}; /api/embed needs an embedding model")
         field = "prompt" if self.legacy else "input"
         texts = body.get(field)
         if isinstance(texts, str):

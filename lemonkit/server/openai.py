@@ -17,6 +17,7 @@ import httpx
 from lemonkit.catalog import Support
 from lemonkit.errors import BackendError, InvalidArgument, ModelNotApplicable, NotEmbeddingModel
 from lemonkit.manager import LoadedModel
+from lemonkit.model_info import a_model_of
 from lemonkit.registry import COLLECTION_OMNI, ModelInfo
 from lemonkit.server import provenance, responses
 from lemonkit.server.base import LemonkitHandler, error_event
@@ -66,7 +67,9 @@ class ModelRouteHandler(LemonkitHandler):
 
     def check_applicable(self, info: ModelInfo) -> None:
         if info.type not in self.serves:
-            raise ModelNotApplicable(f"{info.id} is a {info.type} model; {self.request.path} needs {self.serves[0]}")
+            raise ModelNotApplicable(
+                f"{info.id} is {a_model_of(info.type)}; {self.request.path} needs {self.serves[0]}"
+            )
 
     async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
         if body.get("stream"):

@@ -20,6 +20,7 @@ from tornado.websocket import WebSocketClosedError
 
 from lemonkit.audio import WHISPER_RATE, from_pcm
 from lemonkit.errors import InvalidArgument, InvalidJSON, LemonkitError, MissingArgument, ModelNotApplicable
+from lemonkit.model_info import a_model_of
 from lemonkit.server.base import LemonkitWebSocket
 from lemonkit.server.bodies import parse_json
 from lemonkit.server.utterance import SidecarTranscriber, SpeechInput, new_id
@@ -147,7 +148,7 @@ class RealtimeHandler(LemonkitWebSocket):
         info = await self.service.usable(name)
         if REALTIME_LABEL not in info.labels:
             raise ModelNotApplicable(
-                f"{info.id} is not labelled {REALTIME_LABEL!r} (it is a {info.type} model): it cannot serve "
+                f"{info.id} is not labelled {REALTIME_LABEL!r} (it is {a_model_of(info.type)}): it cannot serve "
                 "realtime transcription"
             )
         self._model = info.id

@@ -21,6 +21,7 @@ from typing import Any
 from lemonkit import recipes
 from lemonkit.backends.base import Upload
 from lemonkit.errors import LemonkitError, ModelNotApplicable
+from lemonkit.model_info import a_model_of
 from lemonkit.server.audio import read_allowed_file
 from lemonkit.server.base import LemonkitHandler
 from lemonkit.server.tasks import task_error_event, task_event
@@ -110,7 +111,7 @@ class RecipeRunHandler(LemonkitHandler):
             info = await self.service.usable(run.models[role.name])
             if info.type != role.model_type:
                 raise ModelNotApplicable(
-                    f"models.{role.name}: {info.id} is a {info.type} model; the {role.name} role needs "
+                    f"models.{role.name}: {info.id} is {a_model_of(info.type)}; the {role.name} role needs "
                     f"a {role.model_type} model"
                 )
         audio = run.audio

@@ -26,6 +26,7 @@ from tornado.iostream import StreamClosedError
 
 from lemonkit.errors import BackendError, InvalidArgument, LemonkitError, ModelNotApplicable, ModelNotFound
 from lemonkit.manager import LoadedModel
+from lemonkit.model_info import a_model_of
 from lemonkit.registry import ModelInfo
 from lemonkit.schemas import BOOL, OBJ, STR, Arr, Obj, Str
 from lemonkit.server.base import LemonkitHandler, stream_error
@@ -94,7 +95,7 @@ class TaskRunHandler(ModelRouteHandler):
     def check_applicable(self, info: ModelInfo) -> None:
         if info.type not in self.serves:
             raise ModelNotApplicable(
-                f"{info.id} is a {info.type} model; {self.request.path} runs tasks on audio models "
+                f"{info.id} is {a_model_of(info.type)}; {self.request.path} runs tasks on audio models "
                 "(text-to-speech and speech-to-text)"
             )
 
@@ -183,7 +184,7 @@ class TaskBatchHandler(TaskRunHandler):
         super().check_applicable(info)
         if info.type not in BATCH_TYPES:
             raise ModelNotApplicable(
-                f"{info.id} is a {info.type} model, whose engine has no native batch path; /v1/tasks/batch runs "
+                f"{info.id} is {a_model_of(info.type)}, whose engine has no native batch path; /v1/tasks/batch runs "
                 "only models that batch natively (speech-to-text models do) and never runs entries one by one: "
                 "send each to /v1/tasks/run instead"
             )

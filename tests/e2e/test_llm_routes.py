@@ -107,6 +107,26 @@ async def test_tool_choice_required_gives_valid_call(host: Host) -> None:
     assert isinstance(json.loads(call.function.arguments)["city"], str)
 
 
+async def test_a_prompt_over_the_context_says_how_to_raise_it(host: Host) -> None:
+    async with host.client() as client:
+        assert (await client.post("load", json={"model_name": TINY, "ctx_size": 256})).status_code == 200
+        long = " ".join(["word"] * 600)
+        response = await client.post(
+            "chat/completions", json={"model": TINY, "messages": [{"role": "user", "content": long}]}
+        )
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["code"] == "invalid_argument"
+        assert "more than the context size (256)" in error["message"]
+        assert f"{TINY} was trained for 4096 tokens and is loaded with 256" in error["message"]
+        assert '"ctx_size": N' in error["message"] and f"/v1/models/{TINY}/options" in error["message"]
+        # Anthropic's count_tokens counts it all the same
+        counted = await client.post(
+            "messages/count_tokens", json={"model": TINY, "messages": [{"role": "user", "content": long}]}
+        )
+        assert counted.status_code == 200 and counted.json()["input_tokens"] > 600
+        await client.post("unload", json={"model_name": TINY})
+
+
 async def test_completions(host: Host) -> None:
     client = host.openai()
     result = await client.completions.create(model=TINY, prompt=["one", "two"], max_tokens=4, temperature=0)

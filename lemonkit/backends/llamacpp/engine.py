@@ -186,6 +186,7 @@ class LlamaCppEngine:
             invariant=self.batch_invariant,
             turn=self._turn,
         )
+        self._gen.context_hint = _context_hint(str(spec.get("model_name") or "the model"), ctx, self.n_ctx_train)
 
     def _placement(
         self, spec: LoadSpec, args: dict[str, Any], path: str, *, ctx: int, n_ubatch: int
@@ -388,8 +389,9 @@ class LlamaCppEngine:
 
     def count_chat_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
         """``/v1/chat/tokens``: the tokens of the prompt a chat request renders to (its messages, tools and system
-        turn through the model's template), without generating: Anthropic's ``count_tokens``."""
-        job, _ = self._chat_job(body)
+        turn through the model's template), without generating, whether or not they fit: Anthropic's
+        ``count_tokens``."""
+        job, _ = self._chat_job(body, fit=False)
         return {"input_tokens": len(job.tokens)}
 
     def embed(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -479,7 +481,7 @@ class LlamaCppEngine:
             "system_fingerprint": self._fingerprint,
         }
 
-    def _chat_job(self, body: dict[str, Any]) -> tuple[Job, ChatPlan]:
+    def _chat_job(self, body: dict[str, Any], *, fit: bool = True) -> tuple[Job, ChatPlan]:
         tools = parse_tools(body.get("tools"))
         mode, forced = _tool_mode(body.get("tool_choice"), tools)
         prompt_tools = tools if mode != "plain" else None
@@ -509,7 +511,7 @@ class LlamaCppEngine:
             prompt += "\n</think>\n\n"  # a template that always opens <think>: close it, empty
         # Vision prompts are tokenized again by mtmd with their images (Vision.prefill); the text
         # alone already tells whether the prompt fits.
-        tokens = self._gen.tokenize(prompt)
+        tokens = self._gen.tokenize(prompt, fit=fit)
         job = self._sampling.job(body, tokens, n_probs=n_probs, prompt=prompt, extra_stops=extra_stops, grammar=grammar)
         job.images = [decode_data_url(url) for url in images or []]
         in_reasoning = grammar is None and prompt_opens_thinking(prompt)
@@ -544,6 +546,19 @@ class LlamaCppEngine:
             raise InvalidArgument(f"chat format {self._format_name!r} failed on these messages: {exc}") from exc
         stop = response.stop
         return response.prompt, [stop] if isinstance(stop, str) else list(stop or [])
+
+
+def _context_hint(model: str, ctx: int, n_ctx_train: int | None) -> str:
+    """How to give ``model`` a larger context than ``ctx``, for the error of a request that does not fit."""
+    how = (
+        f'load it with a larger ctx_size (POST /v1/load {{"model_name": "{model}", "ctx_size": N}}) or save '
+        f'one in its options (POST /v1/models/{model}/options {{"ctx_size": N}}; 0 takes the whole trained context)'
+    )
+    if n_ctx_train is not None and n_ctx_train > ctx:
+        return f". {model} was trained for {n_ctx_train} tokens and is loaded with {ctx}: {how}"
+    if n_ctx_train is not None:
+        return f". {model} is loaded with all {ctx} tokens it was trained for: shorten the request"
+    return f": {how}"
 
 
 def _tool_mode(choice: Any, tools: ToolSpec | None) -> tuple[str, str | None]:

@@ -233,8 +233,11 @@ class Generator:
         """Stop the decode thread (before the model is freed)."""
         self._batcher.close()
 
-    def tokenize(self, text: str) -> list[int]:
-        """The prompt's tokens, refused when empty or when it leaves no room in the context."""
+    #: what a request that does not fit is told besides the figures (how to give the model a larger context)
+    context_hint = ""
+
+    def tokenize(self, text: str, *, fit: bool = True) -> list[int]:
+        """The prompt's tokens, refused when empty or (``fit``) when it leaves no room in the context."""
         # Templates usually write {{ bos_token }} themselves: keep one BOS, as llama-server does
         # (and spare llama.cpp's "2 BOS tokens" warning on every request).
         add_bos = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
@@ -243,9 +246,10 @@ class Generator:
             tokens = tokens[1:]
         if not tokens:
             raise InvalidArgument("the prompt is empty")
-        if len(tokens) >= self.n_ctx:
+        if fit and len(tokens) >= self.n_ctx:
             raise InvalidArgument(
                 f"the request needs {len(tokens)} prompt tokens, more than the context size ({self.n_ctx}) allows"
+                + self.context_hint
             )
         return tokens
 
