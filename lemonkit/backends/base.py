@@ -150,6 +150,9 @@ ROUTES: dict[str, SidecarRoute] = {
     "/v1/chat/completions": SidecarRoute("chat", True),
     "/v1/completions": SidecarRoute("complete", True),
     "/v1/chat/tokens": SidecarRoute("count_chat_tokens", False),  # a chat request's prompt, counted
+    # llama-server's utility routes
+    "/v1/tokenize": SidecarRoute("tokenize", False),
+    "/v1/detokenize": SidecarRoute("detokenize", False),
     "/v1/embeddings": SidecarRoute("embed", False),
     "/v1/rerank": SidecarRoute("rerank", False),
     # speech-to-text: transcribe() answers /transcriptions, /details, /live and /realtime (the front shapes them)

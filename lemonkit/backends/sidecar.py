@@ -226,8 +226,21 @@ def create_app(engine: Engine, *, ping_interval: float = 10.0, handoffs: handoff
         totals = getattr(engine, "metrics", None)  # engines that generate tokens keep them
         return JSONResponse(totals() if totals is not None else {})
 
+    def read_off_the_loop(name: str) -> Any:
+        """A route that reads the engine's state at once, beside requests that hold every worker thread."""
+
+        async def route(request: Request) -> Response:
+            method = getattr(engine, name, None)
+            if method is None:
+                kind = engine.info().get("type", "this")
+                return _error_response(ModelNotApplicable(f"{kind} models do not serve /{name}"))
+            return JSONResponse(method({}))
+
+        return route
+
     routes = [Route(path, run_route, methods=["POST"]) for path in ROUTES]
     routes += [Route("/health", health), Route("/stats", stats), Route("/metrics", metrics)]
+    routes += [Route(f"/{name}", read_off_the_loop(name)) for name in ("props", "slots")]
     return Starlette(routes=routes)
 
 

@@ -22,6 +22,7 @@ from lemonkit.server import (
     speech,
     tasks,
     upscale,
+    utility,
 )
 from lemonkit.server.base import LemonkitHandler, LemonkitWebSocket, NotFoundHandler
 
@@ -45,6 +46,10 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("responses", openai.ResponsesHandler),
     ("messages", anthropic.MessagesHandler),
     ("messages/count_tokens", anthropic.CountTokensHandler),
+    ("tokenize", utility.TokenizeHandler),
+    ("detokenize", utility.DetokenizeHandler),
+    ("props", utility.PropsHandler),
+    ("slots", utility.SlotsHandler),
     ("embeddings", openai.EmbeddingsHandler),
     ("(?:rerank|reranking|reranker)", openai.RerankHandler),
     ("audio/transcriptions", audio.TranscriptionHandler),

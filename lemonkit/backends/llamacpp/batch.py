@@ -203,6 +203,29 @@ class Batcher:
     def n_parallel(self) -> int:
         return len(self._slots)
 
+    def slots(self) -> list[dict[str, Any]]:
+        """``/slots``: per slot whether it is serving, its prompt and cache, what it generated and may still."""
+        out = []
+        for slot in self._slots:
+            busy = slot.seq is not None
+            out.append(
+                {
+                    "id": slot.id,
+                    "n_ctx": self.n_ctx,
+                    "is_processing": busy,
+                    "speculative": False,
+                    "n_prompt_tokens_to_process": len(slot.pending) if busy else 0,
+                    "n_past": slot.n_past,  # positions of the slot's cache filled (a prefix later prompts reuse)
+                    "cache_tokens": len(slot.tokens),
+                    "next_token": {
+                        "has_next_token": busy,
+                        "n_decoded": slot.n_gen if busy else 0,
+                        "n_remain": max(0, slot.limit - slot.n_gen) if busy else 0,
+                    },
+                }
+            )
+        return out
+
     def submit(self, job: Job, run: Run, cancelled: Cancelled) -> Seq:
         """Queue ``job``; it joins the batch at the next step a slot is free."""
         seq = Seq(job, run, cancelled)

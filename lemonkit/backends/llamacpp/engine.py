@@ -293,6 +293,7 @@ class LlamaCppEngine:
                 source = override
         if source is None and override is None:
             source = llm.metadata.get("tokenizer.chat_template") or None
+        self._template_source = source or ""
         if source is not None:
             try:
                 self._template = ChatTemplate(source, bos_token=bos, eos_token=eos)
@@ -386,6 +387,56 @@ class LlamaCppEngine:
             base, jobs, echo, t_start, gen.generate, gen.token_bytes, runs, cancelled, window=gen.n_parallel
         )
         return chunks if body.get("stream") else completion(base, jobs, chunks, runs)
+
+    def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``/tokenize`` as llama-server answers it: ``content``'s token ids (special tokens parsed), the BOS first
+        with ``add_special``, each with its ``piece`` with ``with_pieces`` (a string, or its bytes when they are
+        not UTF-8 on their own)."""
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise InvalidArgument("content: required, a string")
+        add_special, with_pieces = body.get("add_special", False), body.get("with_pieces", False)
+        for name, value in (("add_special", add_special), ("with_pieces", with_pieces)):
+            check_arg(name, value, isinstance(value, bool), "a boolean")
+        tokens: list[int] = self._llm.tokenize(content.encode("utf-8"), add_bos=add_special, special=True)
+        if not with_pieces:
+            return {"tokens": tokens}
+        pieces = []
+        for token in tokens:
+            raw = self._llm.detokenize([token], special=True)
+            try:
+                piece: str | list[int] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)
+            pieces.append({"id": token, "piece": piece})
+        return {"tokens": pieces}
+
+    def detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``/detokenize``: the text of ``tokens`` (ids of this model's vocabulary)."""
+        tokens = body.get("tokens")
+        n_vocab = self._llm.n_vocab()
+        ok = isinstance(tokens, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in tokens
+        )
+        check_arg("tokens", tokens, ok, f"a list of token ids from 0 to {n_vocab - 1}")
+        return {"content": self._llm.detokenize(tokens, special=True).decode("utf-8", "replace")}
+
+    def props(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``/props`` as llama-server answers it: the context, slots, chat template and sampling defaults."""
+        return {
+            "default_generation_settings": {"n_ctx": self._gen.n_ctx, "params": dict(self._sampling.defaults)},
+            "total_slots": self._n_parallel,
+            "model_path": str(self.spec.get("model_path") or ""),
+            "chat_template": self._template_source,
+            "n_ctx": self._gen.n_ctx,
+            "n_ctx_train": self.n_ctx_train,
+            "modalities": {"vision": self._vision is not None, "audio": False},
+            "build_info": self._fingerprint,
+        }
+
+    def slots(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``/slots``: each slot's state (llama-server's fields where lemonkit's batcher has them)."""
+        return {"slots": self._gen.slots()}
 
     def count_chat_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
         """``/v1/chat/tokens``: the tokens of the prompt a chat request renders to (its messages, tools and system

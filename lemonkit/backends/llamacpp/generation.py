@@ -236,6 +236,10 @@ class Generator:
     #: what a request that does not fit is told besides the figures (how to give the model a larger context)
     context_hint = ""
 
+    def slots(self) -> list[dict[str, Any]]:
+        """Each slot's state, read off the batcher as it runs (plain fields: a consistent enough snapshot)."""
+        return self._batcher.slots()
+
     def tokenize(self, text: str, *, fit: bool = True) -> list[int]:
         """The prompt's tokens, refused when empty or (``fit``) when it leaves no room in the context."""
         # Templates usually write {{ bos_token }} themselves: keep one BOS, as llama-server does
