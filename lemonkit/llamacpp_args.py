@@ -167,7 +167,17 @@ _IGNORED_GROUPS = (
     ("--no-warmup",),
     ("--log-disable",),
     ("--no-perf",),
+    # what the engine always does: its batcher's slots share one unified KV cache, and a generation that fills the
+    # context ends there (finish_reason "length") rather than shifting the context
+    ("-kvu", "--kv-unified"),
+    ("--no-context-shift",),
 )
+#: flags asking for what the engine does not do, with the reason
+_REFUSED = {
+    "--no-kv-unified": "lemonkit's batcher gives its slots one unified KV cache (-kvu); it has no per-slot caches",
+    "--context-shift": "a generation that fills the context ends there (finish_reason 'length'); lemonkit does "
+    "not shift the context: raise ctx_size instead",
+}
 _IGNORED_SETTING = {flag: group[-1] for group in _IGNORED_GROUPS for flag in group}
 _SWITCHES.update({flag: ("_ignored", True) for flag in _IGNORED_SETTING if flag not in _VALUE_FLAGS})
 
@@ -232,6 +242,8 @@ def _split_llamacpp_args(args: str) -> list[_Flag]:
                 val = conv(raw)
             except ValueError as exc:
                 raise InvalidArgument(f"llamacpp_args: bad value {raw!r} for {flag} ({exc})") from exc
+        elif word in _REFUSED:
+            raise InvalidArgument(f"llamacpp_args: {word}: {_REFUSED[word]}")
         else:
             raise InvalidArgument(f"llamacpp_args: unknown or unsupported flag {word!r}")
         setting = _IGNORED_SETTING.get(flag, flag) if key == "_ignored" else key

@@ -123,3 +123,15 @@ def test_offload_flags_refused(args: str) -> None:
 def test_offload_flags_merge_by_setting() -> None:
     assert merge_llamacpp_args("-ngl 10 -t 2", "--n-gpu-layers all") == "-t 2 --n-gpu-layers all"
     assert merge_llamacpp_args("--device Vulkan0", "-dev none") == "-dev none"
+
+
+@pytest.mark.parametrize("args", ["-np 2 -kvu", "--kv-unified", "--no-context-shift --no-mmap"])
+def test_the_specs_examples_parse(args: str) -> None:
+    parsed = parse_llamacpp_args(args)  # what the engine always does: nothing to set
+    assert set(parsed) <= {"n_parallel", "use_mmap"}
+
+
+@pytest.mark.parametrize(("flag", "why"), [("--no-kv-unified", "unified KV cache"), ("--context-shift", "ctx_size")])
+def test_what_the_engine_does_not_do_is_refused_with_why(flag: str, why: str) -> None:
+    with pytest.raises(InvalidArgument, match=why):
+        parse_llamacpp_args(flag)
