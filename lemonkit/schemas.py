@@ -427,6 +427,7 @@ RESPONSES = Obj(
         "text": Obj({"format": RESP_FORMAT}),
         "reasoning": Obj({"effort": STR, "summary": STR}),
         "store": BOOL,
+        "previous_response_id": STR,
         "metadata": OBJ,
         "enable_thinking": BOOL,
         "thinking": THINKING,

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from lemonkit.catalog import Support
-from lemonkit.errors import BackendError, InvalidArgument, ModelNotApplicable, NotEmbeddingModel
+from lemonkit.errors import BackendError, InvalidArgument, ModelNotApplicable, NotEmbeddingModel, NotFound
 from lemonkit.manager import LoadedModel
 from lemonkit.model_info import a_model_of
 from lemonkit.registry import COLLECTION_OMNI, ModelInfo
@@ -32,6 +32,7 @@ __all__ = [
     "ModelsHandler",
     "RerankHandler",
     "ResponsesHandler",
+    "StoredResponseHandler",
     "embedding_dimensions",
 ]
 
@@ -110,28 +111,67 @@ class ResponsesHandler(InferenceHandler):
 
     schema = "responses"
     sidecar_path = "/v1/chat/completions"
+    _history: list[dict[str, Any]] = []
+
+    async def serve_on(self, info: ModelInfo, body: dict[str, Any]) -> None:
+        previous = body.get("previous_response_id")
+        if previous is not None:  # before any load: an unknown id is the client's mistake
+            record = await asyncio.to_thread(self.service.responses.load, self.caller.name, previous)
+            if record is None:
+                raise NotFound(
+                    f"Previous response with id {previous!r} not found (stored with store: true, by this user)",
+                    code="previous_response_not_found",
+                )
+            # the conversation goes on; the earlier instructions do not (as OpenAI's previous_response_id)
+            self._history = [m for m in record["messages"] + record["output"] if m.get("role") != "system"]
+        await super().serve_on(info, body)
+
+    def _chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        chat = responses.to_chat_request(body)
+        if self._history:
+            messages = chat["messages"]
+            system = messages[:1] if body.get("instructions") else []
+            chat["messages"] = system + self._history + messages[len(system) :]
+        return chat
+
+    async def _store(self, body: dict[str, Any], chat: dict[str, Any], response: dict[str, Any]) -> None:
+        """Keep a response asked to be stored, with the conversation it continues (``store: true``; the
+        default is not to, so nothing piles up on disk unasked)."""
+        if not body.get("store"):
+            return
+        record = {
+            "response": response,
+            "messages": chat["messages"],
+            "output": responses.output_messages(response.get("output") or []),
+        }
+        await asyncio.to_thread(self.service.responses.save, self.caller.name, response["id"], record)
 
     async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
-        chat = responses.to_chat_request(body)
+        chat = self._chat(body)
         response_id = "resp_" + secrets.token_urlsafe(24)
         created_at = int(time.time())
         if not body.get("stream"):
             result = await self.sidecar_json(model, self.sidecar_path, chat)
-            self.write_json(
-                responses.from_chat_completion(
-                    result, response_id=response_id, created_at=created_at, model=body["model"], request=body
-                )
+            response = responses.from_chat_completion(
+                result, response_id=response_id, created_at=created_at, model=body["model"], request=body
             )
+            await self._store(body, chat, response)
+            self.write_json(response)
             return
         upstream = await self.sidecar_request(model, self.sidecar_path, chat)
         stream = responses.ResponseStream(
             response_id=response_id, created_at=created_at, model=body["model"], request=body
         )
         await self.sse_open()
-        await self.pump(self._events(model, upstream, stream))
+        await self.pump(self._events(model, upstream, stream, body, chat))
 
     async def _events(
-        self, model: LoadedModel, upstream: httpx.Response, stream: responses.ResponseStream
+        self,
+        model: LoadedModel,
+        upstream: httpx.Response,
+        stream: responses.ResponseStream,
+        body: dict[str, Any],
+        chat: dict[str, Any],
     ) -> AsyncIterator[bytes]:
         try:
             async for line in upstream.aiter_lines():
@@ -143,6 +183,9 @@ class ResponsesHandler(InferenceHandler):
                     events = stream.feed(chunk)
                 elif line == "data: [DONE]":
                     events = stream.finish()
+                    for name, data in events:
+                        if name == "response.completed":
+                            await self._store(body, chat, data["response"])
                 elif line.startswith(":"):
                     yield (line + "\n\n").encode()
                     continue
@@ -155,6 +198,21 @@ class ResponsesHandler(InferenceHandler):
             yield error_event(BackendError(f"The engine of {model.name} stopped mid-stream", status=502))
         finally:
             await upstream.aclose()
+
+
+class StoredResponseHandler(LemonkitHandler):
+    """``GET`` and ``DELETE /v1/responses/{id}``: a response this user stored (``store: true``)."""
+
+    async def get(self, response_id: str) -> None:
+        record = await asyncio.to_thread(self.service.responses.load, self.caller.name, response_id)
+        if record is None:
+            raise NotFound(f"No stored response with id {response_id!r}", code="response_not_found")
+        self.write_json(record["response"])
+
+    async def delete(self, response_id: str) -> None:
+        if not await asyncio.to_thread(self.service.responses.delete, self.caller.name, response_id):
+            raise NotFound(f"No stored response with id {response_id!r}", code="response_not_found")
+        self.write_json({"id": response_id, "object": "response", "deleted": True})
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:

@@ -92,6 +92,11 @@ def _messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages
 
 
+def output_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's ``output`` items as the chat messages a later turn continues from (reasoning left out)."""
+    return _messages([item for item in output if item.get("type") in ("message", "function_call")])
+
+
 def to_chat_request(body: Mapping[str, Any]) -> dict[str, Any]:
     """A validated Responses request -> the chat completions request that serves it."""
     messages: list[dict[str, Any]] = []

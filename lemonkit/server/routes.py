@@ -44,6 +44,7 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("chat/completions", openai.ChatCompletionsHandler),
     ("completions", openai.CompletionsHandler),
     ("responses", openai.ResponsesHandler),
+    ("responses/(?P<response_id>[^/]+)", openai.StoredResponseHandler),
     ("messages", anthropic.MessagesHandler),
     ("messages/count_tokens", anthropic.CountTokensHandler),
     ("tokenize", utility.TokenizeHandler),

@@ -13,6 +13,7 @@ from lemonkit.errors import AdminRequired
 from lemonkit.installer import Installer
 from lemonkit.manager import ModelManager
 from lemonkit.registry import ModelInfo, Registry
+from lemonkit.response_store import ResponseStore
 from lemonkit.server.caller import current, tag_callers
 
 __all__ = ["SETTINGS_KEY", "Service"]
@@ -36,6 +37,7 @@ class Service:
         self.downloads = DownloadManager(self.settings, self.registry)
         self.manager = ModelManager(self.settings, self.registry, install=self.install)
         self.installer = Installer(self.settings, self.manager)
+        self.responses = ResponseStore(self.settings.cache_dir)
         logs.install()  # the log stream starts with the server
         # the GPU drivers are asked once per process, in a child (about 2 s with Mesa's lavapipe): start now, so no
         # request waits for it

@@ -127,6 +127,42 @@ async def test_a_prompt_over_the_context_says_how_to_raise_it(host: Host) -> Non
         await client.post("unload", json={"model_name": TINY})
 
 
+async def test_stored_responses_continue_and_are_removable(host: Host) -> None:
+    import openai
+
+    client = host.openai()
+    ask = {"model": TINY, "max_output_tokens": 4, "temperature": 0}
+    first = await client.responses.create(input="My name is Ada and I like maths.", store=True, **ask)
+    again = await client.responses.retrieve(first.id)
+    assert again.id == first.id and again.output_text == first.output_text
+    alone = await client.responses.create(input="What is my name?", **ask)
+    follow = await client.responses.create(input="What is my name?", previous_response_id=first.id, store=True, **ask)
+    # the earlier turn and its answer were the prompt's start
+    assert follow.usage is not None and alone.usage is not None and first.usage is not None
+    assert follow.usage.input_tokens >= alone.usage.input_tokens + first.usage.output_tokens
+    # a stream is stored too, and a chain goes on from it
+    events = [
+        e
+        async for e in await client.responses.create(
+            input="And then?", previous_response_id=follow.id, store=True, stream=True, **ask
+        )
+    ]
+    (done,) = [e for e in events if e.type == "response.completed"]
+    assert (await client.responses.retrieve(done.response.id)).output_text == done.response.output_text
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.retrieve(alone.id)  # not asked to be stored
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.create(input="x", previous_response_id="resp_" + "x" * 32, **ask)
+    for response in (first, follow, done.response):
+        deleted = await client.responses.delete(response.id)
+        assert deleted is None or getattr(deleted, "deleted", True)
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.retrieve(response.id)
+    async with host.client() as raw:
+        bad = await raw.get("responses/..%2F..%2Fuser_models")  # not an id: nothing is read
+        assert bad.status_code == 404 and bad.json()["error"]["code"] == "response_not_found"
+
+
 async def test_completions(host: Host) -> None:
     client = host.openai()
     result = await client.completions.create(model=TINY, prompt=["one", "two"], max_tokens=4, temperature=0)
