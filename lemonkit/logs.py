@@ -124,6 +124,8 @@ class LogStore:
             user: The shared server's user whose request it was logged for (see :meth:`since`).
         """
         message = redact(message)
+        if len(message) > MAX_LINE:  # one entry never outweighs a snapshot (a request can echo a huge name)
+            message = message[:MAX_LINE] + f"... ({len(message) - MAX_LINE} more characters)"
         timestamp = _timestamp(time.time() if created is None else created)
         with self._lock:
             self._seq += 1

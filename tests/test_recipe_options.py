@@ -180,6 +180,21 @@ def test_llamacpp_context_size(ctx_size: int | None, n_ctx_train: int | None, ex
     assert llamacpp_context_size(ctx_size, n_ctx_train) == expected
 
 
+@pytest.mark.parametrize(
+    ("ctx_size", "n_ctx_train", "limit", "expected"),
+    [
+        (-1, 32768, 16384, 16384),  # the memory's cap
+        (None, 8192, 10**6, 8192),  # room for all of it: the trained context
+        (0, 32768, 4096, 32768),  # 0 asks for the whole trained context, whatever the memory
+        (2048, 32768, 10**6, 2048),  # a number is itself
+    ],
+)
+def test_an_automatic_context_is_the_trained_one_within_memory(
+    ctx_size: int | None, n_ctx_train: int, limit: int, expected: int
+) -> None:
+    assert llamacpp_context_size(ctx_size, n_ctx_train, auto_limit=limit) == expected
+
+
 def test_resolved_ctx_size() -> None:
     info = _info()
     assert resolved_ctx_size(info, {"ctx_size": -1}, 512) == 512

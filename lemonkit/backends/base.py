@@ -59,6 +59,7 @@ class LoadSpec(TypedDict, total=False):
     chat_format: str | None
     options: dict[str, Any]  # resolved recipe options: ctx_size, llamacpp_args, ...
     device_budget: int | None  # bytes of device memory the model may take (the manager's placement), if capped
+    auto_ctx_limit: int | None  # the most tokens an automatic context may have (the manager's, from memory)
 
 
 @dataclass(frozen=True)

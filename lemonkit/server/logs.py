@@ -18,7 +18,22 @@ from lemonkit.logs import STORE
 from lemonkit.server.base import LemonkitWebSocket
 from lemonkit.server.bodies import parse_json
 
-__all__ = ["LogStreamHandler"]
+__all__ = ["SNAPSHOT_BYTES", "LogStreamHandler"]
+
+#: the most a ``logs.snapshot`` message carries: the newest entries that fit (the spec's "up to 5000"), within
+#: what WebSocket clients accept by default (Python's websockets: 1 MiB; Tornado's: 10 MiB)
+SNAPSHOT_BYTES = 1_000_000
+
+
+def _newest_within(entries: list[str], budget: int) -> list[str]:
+    kept, size = [], 0
+    for entry in reversed(entries):
+        size += len(entry.encode()) + 2
+        if size > budget:
+            break
+        kept.append(entry)
+    kept.reverse()
+    return kept
 
 
 def _parse(message: str | bytes) -> int | None:
@@ -62,6 +77,7 @@ class LogStreamHandler(LemonkitWebSocket):
         only_of = self.caller.own_only
         try:
             entries, last = STORE.since(after_seq, only_of=only_of)
+            entries = _newest_within(entries, SNAPSHOT_BYTES - 64)
             await self.write_message('{"type": "logs.snapshot", "entries": [' + ", ".join(entries) + "]}")
             while True:
                 await wake.wait()

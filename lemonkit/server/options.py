@@ -8,6 +8,7 @@ read-modify-write of ``recipe_options.json``); every disk access runs in a threa
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from lemonkit.errors import LemonkitError, ModelLoadError, ModelNotFound
@@ -81,14 +82,23 @@ class ModelOptionsHandler(LemonkitHandler):
         """The spec's answer: ``saved`` is the entry on disk, ``effective`` resolves ``entry`` (the would-be one
         under ``dry_run``)."""
         resolved = await self.service.manager.options_for(info, saved=entry)
-        n_ctx_train = None
+        n_ctx_train = auto_limit = None
         if "ctx_size" in resolved.effective:  # the GGUF header's trained context, else the catalog's figure
             n_ctx_train = await asyncio.to_thread(self.service.registry.max_context_window, info)
+            auto_limit = await asyncio.to_thread(self._auto_limit, info, resolved.effective)
         return {
             "model_name": model_id,
             "recipe": info.recipe,
             "saved": saved,
             "effective": load_body(model_id, resolved.effective),
             "defaults": load_body(model_id, resolved.defaults),
-            "resolved_ctx_size": resolved_ctx_size(info, resolved.effective, n_ctx_train),
+            "resolved_ctx_size": resolved_ctx_size(info, resolved.effective, n_ctx_train, auto_limit=auto_limit),
         }
+
+    def _auto_limit(self, info: ModelInfo, effective: dict[str, Any]) -> int | None:
+        """What an automatic context of ``info`` is capped at, as its load will work it out (its GGUF must be on
+        disk: before a download the catalog's trained context is all there is)."""
+        if info.recipe != "llamacpp":
+            return None
+        main = next((f for f in self.service.registry.model_files(info) if f["role"] == "main" and f["exists"]), None)
+        return self.service.manager.auto_context_limit(Path(main["path"]), effective) if main else None

@@ -102,6 +102,25 @@ async def test_a_memory_cap_evicts_the_least_recently_used_and_refuses_what_cann
         small.stop()
 
 
+async def test_an_automatic_context_is_the_trained_one_as_memory_allows(standalone: Standalone) -> None:
+    """SmolLM2 was trained for 8192 tokens, whose KV cache (23,040 bytes a token) a quarter of this machine's
+    memory holds many times over; on a server whose operator allowed 700 MiB, a quarter holds 7,965 tokens."""
+    model = "SmolLM2-135M-Instruct-Bundled"
+    async with Host("standalone", standalone.root, API_KEY).client() as client:
+        assert (await client.post("load", json={"model_name": model})).status_code == 200
+        assert (await client.get(f"models/{model}")).json()["context_length"] == 8192
+        assert (await client.get(f"models/{model}/options")).json()["resolved_ctx_size"] == 8192
+        await client.post("unload", json={"model_name": model})
+    small = Standalone({"LEMONADE_API_KEY": API_KEY, "LEMONKIT_MEMORY": "700MiB"})
+    try:
+        async with Host("standalone", small.root, API_KEY).client() as client:
+            assert (await client.post("load", json={"model_name": model})).status_code == 200
+            assert (await client.get(f"models/{model}")).json()["context_length"] == 7936  # in steps of 256
+            assert (await client.get(f"models/{model}/options")).json()["resolved_ctx_size"] == 7936
+    finally:
+        small.stop()
+
+
 async def test_pinned_model_is_never_evicted(counted_host: Host) -> None:
     async with counted_host.client() as client:
         try:

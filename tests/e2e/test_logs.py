@@ -205,6 +205,30 @@ async def test_cross_origin_upgrades(host: Host) -> None:
     (await websocket_connect(same)).close()
 
 
+async def test_a_snapshot_fits_what_websocket_clients_take(jupyter_host: Host) -> None:
+    """However much the history holds, the snapshot is the newest entries within 1 MB, which Python's websockets
+    client (1 MiB by default) reads; an entry is at most 8 KB whatever was logged."""
+    import websockets
+
+    from lemonkit.logs import MAX_LINE, STORE
+    from lemonkit.server.logs import SNAPSHOT_BYTES
+
+    for i in range(1500):
+        STORE.add("Info", "bulk", f"{i:05d} " + "y" * 4000)
+    huge = STORE.add("Info", "bulk", "z" * 2_000_000)  # a request echoing a 2 MB name
+    assert len(huge["line"]) < MAX_LINE + 200 and huge["line"].endswith("more characters)")
+    async with websockets.connect(_url(jupyter_host), additional_headers=jupyter_host.headers) as ws:
+        await ws.send(json.dumps({"type": "logs.subscribe", "after_seq": None}))
+        raw = await asyncio.wait_for(ws.recv(), 20)
+    assert len(raw) <= SNAPSHOT_BYTES
+    snapshot = json.loads(raw)
+    seqs = [e["seq"] for e in snapshot["entries"]]
+    assert (
+        snapshot["type"] == "logs.snapshot" and seqs[-1] == huge["seq"] and seqs == list(range(seqs[0], seqs[-1] + 1))
+    )
+    assert 100 < len(seqs) < 1500  # the newest that fit, not all
+
+
 async def test_slow_subscriber_skips_instead_of_queueing(jupyter_host: Host) -> None:
     """A subscriber that stops reading costs no memory: once the socket buffers are full its sender waits, and
     what scrolls out of the 5000-entry window meanwhile is skipped (a gap in seq), never queued for it."""

@@ -28,6 +28,7 @@ def _of(figures: dict, name: str, **labels: str) -> float:
 
 async def test_requests_tokens_latency_and_slots(host: Host) -> None:
     async with host.client() as client:
+        await client.post("unload", json={})  # so that this test's requests load the models
         before = await _scrape(client, host.root)
         answers = [(await client.post("chat/completions", json={"model": TINY, **CHAT})).json() for _ in range(2)]
         async with client.stream("POST", "chat/completions", json={"model": TINY, **CHAT, "stream": True}) as stream:

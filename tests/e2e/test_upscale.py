@@ -152,10 +152,11 @@ async def test_load_refuses_on_demand_models(host: Host) -> None:
         assert not await loaded(client)
 
 
-async def test_on_demand_upscalers_never_evict_a_resident_image_model(host: Host, user_models: None) -> None:
-    """With one model per type (the default), the on-demand upscalers share a slot of their own."""
+async def test_on_demand_upscalers_never_evict_a_resident_image_model(counted_host: Host, user_models: None) -> None:
+    """With a count of one model per type (an operator's LEMONADE_MAX_LOADED_MODELS=1), the on-demand upscalers
+    share a slot of their own."""
     source = picture(16, 16)
-    async with host.client() as client:
+    async with counted_host.client() as client:
         response = await client.post("load", json={"model_name": RESIDENT})
         assert response.status_code == 200, response.text
         assert answer_image(await upscale(client, source, model=X3)).size == (48, 48)

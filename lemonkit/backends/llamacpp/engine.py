@@ -107,7 +107,7 @@ class LlamaCppEngine:
         if ctx is not None and (not isinstance(ctx, int) or isinstance(ctx, bool) or ctx < -1):
             raise InvalidArgument(f"ctx_size must be a positive integer, -1 or 0, got {ctx!r}")
         # The server predicts this size (the options routes' resolved_ctx_size) with the same function.
-        ctx = llamacpp_context_size(ctx, self.n_ctx_train)
+        ctx = llamacpp_context_size(ctx, self.n_ctx_train, auto_limit=spec.get("auto_ctx_limit"))
         # The typed option beats a -t in llamacpp_args; physical cores beat SMT siblings for decode.
         arg_threads = args.pop("n_threads", None)
         threads = options.get("n_threads") or arg_threads or _physical_cores()
