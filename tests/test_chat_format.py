@@ -56,6 +56,21 @@ def merged(events: list) -> list:
     return out
 
 
+def assembled(events: list) -> list:
+    """Events merged by kind, each call's name and argument pieces assembled as ``split_output`` gives them."""
+    out: list = []
+    for kind, value in events:
+        if kind == "tool_name":
+            out.append(("tool_call", {"name": value, "arguments": ""}))
+        elif kind == "tool_args":
+            out[-1][1]["arguments"] += value
+        elif out and out[-1][0] == kind:
+            out[-1] = (kind, out[-1][1] + value)
+        else:
+            out.append((kind, value))
+    return out
+
+
 # --------------------------------------------------------------------------- messages
 
 
@@ -333,14 +348,17 @@ def test_stream_parser_passes_lookalike_tags():
     assert merged(feed_chars(p := StreamParser(), text) + p.finish()) == [("content", text)]
 
 
+TOOLS = parse_tools([WEATHER, TIME])
+
+
 def test_stream_parser_tool_calls_in_tags():
     text = (
         'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
         '<tool_call>{"name": "get_time", "arguments": "{}"}</tool_call>'
     )
     for events in (
-        split_output(text, tool_names=["get_weather", "get_time"]),
-        merged(feed_chars(p := StreamParser(tool_names=["get_weather"]), text) + p.finish()),
+        split_output(text, tools=TOOLS),
+        assembled(feed_chars(p := StreamParser(tools=TOOLS), text) + p.finish()),
     ):
         assert events[0] == ("content", "Checking.")
         calls = [v for k, v in events if k == "tool_call"]
@@ -351,26 +369,32 @@ def test_stream_parser_tool_calls_in_tags():
 
 def test_stream_parser_bare_json_tool_call():
     text = '  {"name": "get_weather", "parameters": {"city": "Rome"}}'
-    events = split_output(text, tool_names=["get_weather"])
+    events = split_output(text, tools=TOOLS)
     assert events == [("tool_call", {"name": "get_weather", "arguments": '{"city": "Rome"}'})]
     # JSON that names no tool is an ordinary answer
-    assert split_output('{"name": "Bob"}', tool_names=["get_weather"]) == [("content", '{"name": "Bob"}')]
+    assert split_output('{"name": "Bob"}', tools=TOOLS) == [("content", '{"name": "Bob"}')]
     # without tools, JSON streams as content at once
     assert StreamParser().feed('{"a"') == [("content", '{"a"')]
     # with tools, JSON whose first key is not "name" streams as soon as that is clear
-    parser = StreamParser(tool_names=["get_weather"])
+    parser = StreamParser(tools=TOOLS)
     assert parser.feed(' {"n') == [] and parser.feed("am") == []
     assert parser.feed('ber": 1') == [("content", ' {"namber": 1')]
     assert parser.feed("}") == [("content", "}")]
-    parser = StreamParser(tool_names=["get_weather"])
-    assert parser.feed('{"name": "x", "arguments": {}}') == []  # held: it may be a call
-    assert parser.finish() == [("content", '{"name": "x", "arguments": {}}')]  # "x" is no tool
+    # the call's name goes out as soon as it is a tool's, the arguments as they come
+    parser = StreamParser(tools=TOOLS)
+    assert parser.feed('{"name": "get_weather", "arguments": {"ci') == [
+        ("tool_name", "get_weather"),
+        ("tool_args", '{"ci'),
+    ]
+    assert parser.feed('ty": "Oslo"}}') == [("tool_args", 'ty": "Oslo"}')]
+    parser = StreamParser(tools=TOOLS)
+    assert parser.feed('{"name": "x", "argu') == [("content", '{"name": "x", "argu')]  # "x" is no tool
 
 
 def test_stream_parser_broken_tool_call_is_content():
-    events = split_output("<tool_call>{not json</tool_call>", tool_names=["f"])
+    events = split_output("<tool_call>{not json</tool_call>", tools=TOOLS)
     assert events == [("content", "<tool_call>{not json</tool_call>")]
-    events = split_output('<tool_call>{"name": "f", "arguments": {}}', tool_names=["f"])  # cut before the close tag
+    events = split_output('<tool_call>{"name": "f", "arguments": {}}', tools=TOOLS)  # cut before the close tag
     assert events == [("tool_call", {"name": "f", "arguments": "{}"})]
 
 

@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
-from lemonkit.backends.chat.messages import THINK_CLOSE, THINK_OPEN, TOOL_CLOSE, TOOL_OPEN
-from lemonkit.backends.chat.tools import parse_json_calls, tool_call_from_obj
+from lemonkit.backends.chat.formats import (
+    FORMATS,
+    ChatFormat,
+    Event,
+    HarmonyParser,
+    JsonCalls,
+    Section,
+    section_for,
+)
+from lemonkit.backends.chat.messages import THINK_CLOSE, THINK_OPEN, TOOL_OPEN
+from lemonkit.backends.chat.tools import ToolSpec, tool_call_from_obj
 
-__all__ = ["Event", "ForcedToolStream", "StopMatcher", "StreamParser", "split_output"]
-
-#: A parse event: ("content" | "reasoning", text) or ("tool_call", {"name": str, "arguments": str}).
-Event = tuple[str, Any]
-
-_JSON_CALL_START = re.compile(r'\s*\{\s*"name"\s*:')
-# Text that can still grow into _JSON_CALL_START.
-_JSON_CALL_PREFIX = re.compile(r'\s*\{\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?')
+__all__ = ["Event", "ForcedToolStream", "StopMatcher", "StreamParser", "make_parser", "split_output"]
 
 
 def _partial_tag_start(text: str, tags: tuple[str, ...]) -> int:
@@ -30,13 +31,12 @@ def _partial_tag_start(text: str, tags: tuple[str, ...]) -> int:
     """
     n = len(text)
     longest = max(len(t) for t in tags)
-    start = max(0, n - longest + 1)
-    i = text.find("<", start)
-    while i >= 0:
-        tail = text[i:]
-        if any(t.startswith(tail) for t in tags):
-            return i
-        i = text.find("<", i + 1)
+    firsts = {t[0] for t in tags}
+    for i in range(max(0, n - longest + 1), n):
+        if text[i] in firsts:
+            tail = text[i:]
+            if any(t.startswith(tail) for t in tags):
+                return i
     return n
 
 
@@ -89,23 +89,31 @@ class StopMatcher:
 
 
 class StreamParser:
-    """Splits generated text into reasoning, content and tool calls as it streams.
+    """Splits generated text into reasoning, content and tool calls as it streams, in the markup of ``fmt``.
 
-    ``<think>…</think>`` goes to reasoning (also when the prompt opened the tag, see
-    ``in_reasoning``); with ``tool_names`` (tool_choice ``auto``), ``<tool_call>{json}</tool_call>``
-    blocks and an answer that is a bare JSON object naming a tool become tool calls. Text that
-    might be the start of a tag is held back until it is decided; an answer that starts with
-    ``{`` is held until the end when tools are on (it may be a bare tool call).
+    The format's reasoning tags go to reasoning (also when the prompt opened them, see ``in_reasoning``). With
+    ``tools`` (tool_choice ``auto``) the format's tool-call sections (and Hermes ``<tool_call>`` tags, which the
+    fallback tool prompt teaches) become ``tool_name`` / ``tool_args`` events as they are written, and so does a
+    reply that opens with a JSON object naming one of the tools. Text that might be the start of a marker is held
+    back until it is decided.
     """
 
-    def __init__(self, *, in_reasoning: bool = False, tool_names: list[str] | None = None) -> None:
+    def __init__(
+        self, *, in_reasoning: bool = False, tools: ToolSpec | None = None, fmt: ChatFormat | None = None
+    ) -> None:
+        fmt = fmt or FORMATS["hermes"]
+        self._fmt = fmt
+        self._tools = tools
         self._mode = "reasoning" if in_reasoning else "content"
-        self._names = tool_names
-        self._tags: tuple[str, ...] = (THINK_OPEN, TOOL_OPEN) if tool_names else (THINK_OPEN,)
+        self._think_open, self._think_close = fmt.think or (THINK_OPEN, THINK_CLOSE)
+        openers = tuple(dict.fromkeys((*fmt.openers, TOOL_OPEN))) if tools is not None else ()
+        self._openers = openers
+        self._tags: tuple[str, ...] = (self._think_open, *openers)
+        self._first = "".join({t[0] for t in self._tags})
+        self._section: Section | None = None
         self._buf = ""
         self._any_content = False
-        self._json_checked = False  # the answer's start was checked for a bare JSON tool call
-        self._json_call = False
+        self._json_checked = tools is None  # the answer's start was checked for a bare JSON tool call
         # Whitespace between a tag and the text it frames is formatting, not output (as llama-server).
         self._strip_content = False
         self._strip_reasoning = in_reasoning
@@ -125,115 +133,129 @@ class StreamParser:
         else:
             out.append((kind, text))
 
+    def _has_marker_char(self, text: str) -> bool:
+        return any(c in text for c in self._first)
+
+    def _hold(self, buf: str) -> int:
+        """Where a suffix of ``buf`` that could start a tag begins (the whitespace before it held too, with tools)."""
+        k = _partial_tag_start(buf, self._tags)
+        if self._tools is not None:
+            while k > 0 and buf[k - 1] in " \t\r\n":
+                k -= 1
+        return k
+
     def feed(self, text: str) -> list[Event]:
         """Events decided by this delta (often one; empty while text is held back)."""
-        if not self._buf and self._mode == "content" and not self._names and not self._strip_content:
-            if "<" not in text:  # the common case, kept cheap: plain answer text
-                return [("content", text)] if text else []
+        if not self._buf and self._mode == "content" and self._json_checked and not self._strip_content:
+            # the common case, kept cheap: plain answer text (trailing whitespace may precede a call: held)
+            if not self._has_marker_char(text) and (self._tools is None or not text[-1:].isspace()):
+                if text:
+                    self._any_content = True
+                    return [("content", text)]
+                return []
         out: list[Event] = []
         self._buf += text
-        while self._buf:
+        self._run(out, final=False)
+        return out
+
+    def _run(self, out: list[Event], *, final: bool) -> None:
+        while self._buf or (final and self._section is not None):
             buf = self._buf
+            if self._mode == "section":
+                section = self._section
+                assert section is not None
+                self._buf = ""
+                out.extend(section.feed(buf, final=final))
+                if not section.done:
+                    return
+                self._section = None
+                self._mode = "content"
+                if section.failed:
+                    self._emit("content", section.opener, out)
+                    self._buf = section.raw[len(section.opener) :]
+                    continue
+                self._buf = section.rest
+                self._strip_content = True
+                continue
             if self._mode == "reasoning":
-                j = buf.find(THINK_CLOSE)
+                j = buf.find(self._think_close)
                 if j >= 0:
                     self._emit("reasoning", buf[:j].rstrip(), out)
-                    self._buf = buf[j + len(THINK_CLOSE) :]
+                    self._buf = buf[j + len(self._think_close) :]
                     self._mode = "content"
                     self._strip_content = True
                     continue
                 # Hold back a partial tag, and whitespace that may turn out to precede the tag.
-                k = _trailing_hold(buf, (THINK_CLOSE,))
+                k = len(buf) if final else _trailing_hold(buf, (self._think_close,))
                 self._emit("reasoning", buf[:k], out)
                 self._buf = buf[k:]
-                return out
-            if self._mode == "tool":
-                j = buf.find(TOOL_CLOSE)
-                if j < 0:
-                    return out
-                self._tool_block(buf[:j], out)
-                self._buf = buf[j + len(TOOL_CLOSE) :]
-                self._mode = "content"
-                self._strip_content = True
-                continue
-            if self._mode == "json":
-                # An answer opening with '{"name"' may be a bare tool call: hold it to the end.
-                # Anything else is an ordinary (JSON) answer and streams from here on.
-                if self._json_call or _JSON_CALL_START.match(buf):
-                    self._json_call = True
-                    return out
-                if _JSON_CALL_PREFIX.fullmatch(buf):
-                    return out
-                self._mode = "content"
-                self._json_checked = True
-                continue
+                return
             # content
-            if self._names and not self._any_content and not self._json_checked:
+            if not self._json_checked and not self._any_content:
                 stripped = buf.lstrip()
                 if not stripped:
-                    return out
-                if stripped[0] == "{":
-                    self._mode = "json"
-                    continue
+                    if final:
+                        self._buf = ""
+                    return
                 self._json_checked = True
-            if "<" not in buf:  # fast path: no tag can start here
-                k = _trailing_hold(buf, self._tags) if self._names else len(buf)
+                if stripped[0] == "{":
+                    self._section = JsonCalls("", self._tools, bare=True)
+                    self._mode = "section"
+                    continue
+            if not self._has_marker_char(buf):  # fast path: no tag can start here
+                k = len(buf) if final or self._tools is None else self._hold(buf)
                 self._emit("content", buf[:k], out)
                 self._buf = buf[k:]
-                return out
-            j_think = buf.find(THINK_OPEN)
-            j_tool = buf.find(TOOL_OPEN) if self._names else -1
-            hits = [(j, t) for j, t in ((j_think, THINK_OPEN), (j_tool, TOOL_OPEN)) if j >= 0]
+                return
+            hits = [(j, t) for j, t in ((buf.find(t), t) for t in self._tags) if j >= 0]
             if hits:
                 j, tag = min(hits)
-                self._emit("content", buf[:j].rstrip() if tag == TOOL_OPEN else buf[:j], out)
+                if tag == self._think_open:
+                    self._emit("content", buf[:j], out)
+                    self._mode = "reasoning"
+                    self._strip_reasoning = True
+                else:
+                    self._emit("content", buf[:j].rstrip(), out)
+                    self._section = section_for(self._fmt, tag, self._tools)
+                    self._mode = "section"
                 self._buf = buf[j + len(tag) :]
-                self._mode = "reasoning" if tag == THINK_OPEN else "tool"
-                self._strip_reasoning = tag == THINK_OPEN
                 continue
-            k = _trailing_hold(buf, self._tags) if self._names else _partial_tag_start(buf, self._tags)
+            k = len(buf) if final else self._hold(buf)
             self._emit("content", buf[:k], out)
             self._buf = buf[k:]
-            return out
-        return out
-
-    def _tool_block(self, body: str, out: list[Event]) -> None:
-        calls = parse_json_calls(body, None)
-        if calls is None:
-            self._emit("content", TOOL_OPEN + body + TOOL_CLOSE, out)
-        else:
-            out.extend(("tool_call", c) for c in calls)
+            return
 
     def finish(self) -> list[Event]:
         """Flush what was held back at the end of generation."""
         out: list[Event] = []
-        buf, self._buf = self._buf, ""
-        if self._mode == "reasoning":
-            self._emit("reasoning", buf.rstrip(), out)
-        elif self._mode == "tool":
-            calls = parse_json_calls(buf, None)  # a call cut off before </tool_call>
-            if calls is None:
-                self._emit("content", TOOL_OPEN + buf, out)
-            else:
-                out.extend(("tool_call", c) for c in calls)
-        elif self._mode == "json":
-            calls = parse_json_calls(buf, self._names)
-            if calls is None:
-                self._emit("content", buf, out)
-            else:
-                out.extend(("tool_call", c) for c in calls)
-        else:
-            self._emit("content", buf, out)
+        self._run(out, final=True)
+        if self._buf:  # reasoning cut off, or held text
+            self._emit("reasoning" if self._mode == "reasoning" else "content", self._buf, out)
+            self._buf = ""
         return out
 
 
-def split_output(text: str, *, in_reasoning: bool = False, tool_names: list[str] | None = None) -> list[Event]:
-    """Non-streaming :class:`StreamParser`: the events of a whole answer, merged by kind."""
-    parser = StreamParser(in_reasoning=in_reasoning, tool_names=tool_names)
-    events = parser.feed(text) + parser.finish()
+def make_parser(
+    fmt: ChatFormat | None, *, in_reasoning: bool = False, tools: ToolSpec | None = None
+) -> StreamParser | HarmonyParser:
+    """The streaming parser of format ``fmt`` (Hermes when None)."""
+    if fmt is not None and fmt.name == "harmony":
+        return HarmonyParser(tools=tools)
+    return StreamParser(in_reasoning=in_reasoning, tools=tools, fmt=fmt)
+
+
+def split_output(
+    text: str, *, in_reasoning: bool = False, tools: ToolSpec | None = None, fmt: ChatFormat | None = None
+) -> list[Event]:
+    """The events of a whole answer, merged by kind, each call assembled: ``("tool_call", {"name", "arguments"})``."""
+    parser = make_parser(fmt, in_reasoning=in_reasoning, tools=tools)
     merged: list[Event] = []
-    for kind, value in events:
-        if kind != "tool_call" and merged and merged[-1][0] == kind:
+    for kind, value in parser.feed(text) + parser.finish():
+        if kind == "tool_name":
+            merged.append(("tool_call", {"name": value, "arguments": ""}))
+        elif kind == "tool_args":
+            merged[-1][1]["arguments"] += value
+        elif merged and merged[-1][0] == kind:
             merged[-1] = (kind, merged[-1][1] + value)
         else:
             merged.append((kind, value))

@@ -95,10 +95,13 @@ def _tojson(
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def prompt_opens_thinking(prompt: str) -> bool:
-    """True when the rendered prompt leaves a ``<think>`` open (the model starts inside its reasoning)."""
-    i = prompt.rfind(THINK_OPEN)
-    return i >= 0 and prompt.rfind(THINK_CLOSE) < i
+def prompt_opens_thinking(prompt: str, tags: tuple[str, str] | None = (THINK_OPEN, THINK_CLOSE)) -> bool:
+    """True when the rendered prompt leaves a reasoning tag (``<think>``, or the format's ``tags``) open: the model
+    starts inside its reasoning."""
+    if tags is None:
+        return False
+    i = prompt.rfind(tags[0])
+    return i >= 0 and prompt.rfind(tags[1]) < i
 
 
 def formatter_by_name(module: Any, name: str) -> Any:

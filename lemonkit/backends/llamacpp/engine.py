@@ -12,8 +12,10 @@ from typing import Any
 
 from lemonkit.backends.base import Cancelled, LoadSpec
 from lemonkit.backends.chat import (
+    FORMATS,
     ChatTemplate,
     ToolSpec,
+    detect_format,
     formatter_by_name,
     merge_system_messages,
     normalize_messages,
@@ -172,6 +174,7 @@ class LlamaCppEngine:
         self._template: ChatTemplate | None = None
         self._formatter: Any = None
         self._format_name: str | None = None
+        self._chat_format = FORMATS["hermes"]
         if self.kind == "llm":
             self._setup_chat_format(template_override, spec.get("chat_format"))
         mmproj = spec.get("mmproj_path")
@@ -186,6 +189,8 @@ class LlamaCppEngine:
             invariant=self.batch_invariant,
             turn=self._turn,
         )
+        if self.kind == "llm":
+            self._gen.preserve(self._chat_format.markers)
         self._gen.context_hint = _context_hint(str(spec.get("model_name") or "the model"), ctx, self.n_ctx_train)
 
     def _placement(
@@ -294,6 +299,8 @@ class LlamaCppEngine:
         if source is None and override is None:
             source = llm.metadata.get("tokenizer.chat_template") or None
         self._template_source = source or ""
+        # the family's tool-call and reasoning markup, read off the template (Hermes for built-in formats)
+        self._chat_format = detect_format(source)
         if source is not None:
             try:
                 self._template = ChatTemplate(source, bos_token=bos, eos_token=eos)
@@ -377,7 +384,13 @@ class LlamaCppEngine:
             n_probs = 1
         else:
             n_probs = top_logprobs("logprobs", logprobs, "a boolean or an integer")
-        jobs = [self._sampling.job(body, self._gen.tokenize(p), n_probs=n_probs, prompt=p) for p in prompts]
+        grammar = body.get("grammar")  # llama-server's field: GBNF the completion follows
+        if grammar is not None:
+            check_arg("grammar", grammar, isinstance(grammar, str) and bool(grammar.strip()), "a GBNF string")
+            self._gen.check_grammar(grammar)
+        jobs = [
+            self._sampling.job(body, self._gen.tokenize(p), n_probs=n_probs, prompt=p, grammar=grammar) for p in prompts
+        ]
 
         base = self._base(body, "cmpl-", "text_completion")
         runs: list[Run] = []
@@ -546,29 +559,43 @@ class LlamaCppEngine:
                 thinking = thinking.get("type") != "disabled"
         enable_thinking = None if thinking is None else bool(thinking)
 
+        think = self._chat_format.think
         if mode == "forced":
             assert tools is not None
             grammar: str | None = tool_call_grammar(tools, forced)
         else:
             grammar = response_format_grammar(body.get("response_format"))
+        shaped = grammar is not None  # the grammar shapes the whole answer: no reasoning, no markup
+        raw_grammar = body.get("grammar")  # llama-server's field: GBNF the text follows; tags are still read
+        if raw_grammar is not None:
+            check_arg("grammar", raw_grammar, isinstance(raw_grammar, str) and bool(raw_grammar.strip()), "a GBNF string")
+            if shaped:
+                raise InvalidArgument("'grammar' cannot be combined with response_format or a forced tool_choice")
+            grammar = raw_grammar
         if grammar is not None:
             self._gen.check_grammar(grammar)
-            if enable_thinking is None:
-                enable_thinking = False  # constrained output starts at once: ask thinking templates for no think block
+        if shaped and enable_thinking is None:
+            enable_thinking = False  # constrained output starts at once: ask thinking templates for no think block
 
         images: list[str] | None = [] if self._vision is not None else None
         prompt, extra_stops = self._render(body.get("messages"), prompt_tools, enable_thinking, images)
-        if grammar is not None and prompt_opens_thinking(prompt):
-            prompt += "\n</think>\n\n"  # a template that always opens <think>: close it, empty
+        opens = prompt_opens_thinking(prompt, think)
+        if shaped and opens and think is not None:
+            prompt += f"\n{think[1]}\n\n"  # a template that always opens its reasoning: close it, empty
         # Vision prompts are tokenized again by mtmd with their images (Vision.prefill); the text
         # alone already tells whether the prompt fits.
         tokens = self._gen.tokenize(prompt, fit=fit)
         job = self._sampling.job(body, tokens, n_probs=n_probs, prompt=prompt, extra_stops=extra_stops, grammar=grammar)
         job.images = [decode_data_url(url) for url in images or []]
-        in_reasoning = grammar is None and prompt_opens_thinking(prompt)
-        if grammar is not None and mode != "forced":
+        if shaped and mode != "forced":
             mode = "json"  # the response_format grammar shaped the whole answer: no tags, no tool-call markup
-        return job, ChatPlan(mode=mode, tools=tools if mode in ("auto", "forced") else None, in_reasoning=in_reasoning)
+        plan = ChatPlan(
+            mode=mode,
+            tools=tools if mode in ("auto", "forced") else None,
+            in_reasoning=opens and not shaped,
+            fmt=self._chat_format,
+        )
+        return job, plan
 
     def _render(
         self, raw_messages: Any, tools: ToolSpec | None, enable_thinking: bool | None, images: list[str] | None

@@ -210,6 +210,7 @@ class Generator:
         self._bos: int = llm.token_bos()
         self.bos_text: str = llm._model.token_get_text(self._bos) if self._bos >= 0 else ""
         self._pieces: dict[int, tuple[bytes, bool, str | None]] = {}
+        self._special: set[int] = set()  # special tokens rendered as text (see preserve)
         #: ``/v1/stats`` fields of the last generation to finish (empty before the first)
         self.stats: dict[str, Any] = {}
         #: every generation's figures since the load (the sidecar's /metrics)
@@ -264,16 +265,26 @@ class Generator:
             raise InvalidArgument("the response format or tool schema could not be turned into a grammar")
         self._lc.llama_sampler_free(sampler)
 
+    def preserve(self, texts: tuple[str, ...]) -> None:
+        """Render the special tokens spelled ``texts`` as their text (llama.cpp renders control tokens as nothing):
+        the chat format's markup, which the output parser reads, as llama-server's preserved tokens."""
+        for text in texts:
+            ids = self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+            if len(ids) == 1 and not self._lc.llama_vocab_is_eog(self._vocab, ids[0]):
+                self._special.add(ids[0])
+                self._pieces.pop(ids[0], None)
+
     def token_bytes(self, token: int) -> bytes:
         return (self._pieces.get(token) or self._piece(token))[0]
 
     def _piece(self, token: int) -> tuple[bytes, bool, str | None]:
         """A token's bytes, whether it ends generation, and its text when the bytes decode alone (cached)."""
         buf = ctypes.create_string_buffer(64)
-        n = self._lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+        special = token in self._special
+        n = self._lc.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = self._lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            n = self._lc.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
         raw = buf.raw[:n]
         try:
             text: str | None = raw.decode("utf-8")

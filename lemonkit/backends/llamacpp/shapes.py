@@ -15,7 +15,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from lemonkit.backends.base import Cancelled
-from lemonkit.backends.chat import ForcedToolStream, StreamParser, ToolSpec, new_call_id
+from lemonkit.backends.chat import ForcedToolStream, ToolSpec, make_parser, new_call_id
+from lemonkit.backends.chat.formats import ChatFormat
 from lemonkit.backends.llamacpp.interleave import interleave
 
 if TYPE_CHECKING:
@@ -118,6 +119,7 @@ class ChatPlan:
     mode: str  # "plain" | "auto" (parse tool calls) | "forced" (grammar-constrained call) | "json" (response_format)
     tools: ToolSpec | None
     in_reasoning: bool
+    fmt: ChatFormat | None = None  # the model family's markup (None: Hermes)
 
 
 def _chat_logprob(lp: Logprob, token_bytes: TokenBytes) -> dict[str, Any]:
@@ -149,8 +151,8 @@ def chat_deltas(tokens: Tokens, plan: ChatPlan, run: Run, token_bytes: TokenByte
         if pending:
             yield {}, pending
         return
-    parser = StreamParser(
-        in_reasoning=plan.in_reasoning, tool_names=plan.tools.names if plan.mode == "auto" and plan.tools else None
+    parser = make_parser(
+        plan.fmt, in_reasoning=plan.in_reasoning, tools=plan.tools if plan.mode == "auto" and plan.tools else None
     )
     n_calls = 0
 
@@ -161,9 +163,12 @@ def chat_deltas(tokens: Tokens, plan: ChatPlan, run: Run, token_bytes: TokenByte
                 yield {"content": value}, pending or None
             elif kind == "reasoning":
                 yield {"reasoning_content": value}, pending or None
-            else:
-                yield from _call_deltas(n_calls, value, pending)
+            elif kind == "tool_name":  # a call opens: its id and name at once, the arguments as they come
+                head = {"index": n_calls, "id": new_call_id(), "type": "function"}
+                yield {"tool_calls": [{**head, "function": {"name": value, "arguments": ""}}]}, pending or None
                 n_calls += 1
+            else:
+                yield {"tool_calls": [{"index": n_calls - 1, "function": {"arguments": value}}]}, pending or None
             pending = []  # each logprob rides on the first delta after its token
 
     for text, lp in tokens:
@@ -208,18 +213,6 @@ def _forced_call_deltas(tokens: Tokens, run: Run, token_bytes: TokenBytes) -> It
         pending = []
     if pending:
         yield {}, pending
-
-
-def _call_deltas(index: int, call: dict[str, str], lps: list[dict[str, Any]]) -> Iterator[Delta]:
-    """A parsed call as two parts: id and name first, then the arguments."""
-    head = {
-        "index": index,
-        "id": new_call_id(),
-        "type": "function",
-        "function": {"name": call["name"], "arguments": ""},
-    }
-    yield {"tool_calls": [head]}, lps or None
-    yield {"tool_calls": [{"index": index, "function": {"arguments": call["arguments"]}}]}, None
 
 
 def chat_message(base: dict[str, Any], deltas: Iterator[Delta], run: Run, job: Job) -> dict[str, Any]:
