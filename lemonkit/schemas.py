@@ -272,7 +272,7 @@ SAMPLING: dict[str, Schema] = {
     "route_trace": BOOL,
     "n": POS_INT,
     "user": STR,
-    "logit_bias": OBJ,
+    "logit_bias": OneOf(OBJ, Arr(ANY)),  # OpenAI's object, or llama-server's [[token, bias]]
 }
 
 # -- chat/completions ---------------------------------------------------------------------------
@@ -350,8 +350,10 @@ CHAT = Obj(
         "max_completion_tokens": POS_INT,
         "enable_thinking": BOOL,
         "thinking": THINKING,
-        "reasoning_effort": STR,
+        "reasoning_effort": Str(["none", "minimal", "low", "medium", "high"]),
         "chat_template_kwargs": OBJ,
+        "grammar": STR,  # llama-server's: GBNF the answer follows (tool-call markup in it is still read)
+        "reasoning_budget": Int(-1),  # llama-server's: the reasoning's tokens (-1: no limit)
     },
     required=["messages", "model"],
 )
@@ -368,6 +370,7 @@ COMPLETIONS = Obj(
         "max_tokens": POS_INT,
         "suffix": STR,
         "best_of": POS_INT,
+        "grammar": STR,
     },
     required=["prompt", "model"],
 )

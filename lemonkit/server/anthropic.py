@@ -205,7 +205,13 @@ def _thinking(value: Any) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict) or value.get("type") not in ("enabled", "disabled", "adaptive", "between_tools"):
         raise InvalidArgument("thinking: expected {type: enabled, budget_tokens}, {type: adaptive} or {type: disabled}")
-    return {"enable_thinking": value["type"] != "disabled"}
+    out: dict[str, Any] = {"enable_thinking": value["type"] != "disabled"}
+    budget = value.get("budget_tokens")
+    if value["type"] == "enabled" and budget is not None:
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+            raise InvalidArgument(f"thinking.budget_tokens: expected an integer >= 0, got {budget!r}")
+        out["reasoning_budget"] = budget  # the engine closes the thinking after that many tokens
+    return out
 
 
 def _output_config(value: Any) -> dict[str, Any]:

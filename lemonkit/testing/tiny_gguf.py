@@ -218,13 +218,28 @@ def _llama_vocab() -> _Vocab:
     return vocab
 
 
-def write_tiny_llama(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
+def write_tiny_llama(
+    path: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    chat_template: str = CHATML_TEMPLATE,
+    special_tokens: Iterable[str] = (),
+) -> Path:
     """Write a random-weight llama-architecture chat GGUF with a ChatML template; return its path.
 
     Greedy output is printable ASCII noise (see below); generation never ends on its own, so
     callers bound it with ``max_tokens`` or ``stop``.
+
+    Args:
+        chat_template: The template stored in the GGUF (another family's, to test its format).
+        special_tokens: Control tokens added to the vocab, as that family's GGUFs have them (``<|channel|>``,
+            ``[TOOL_CALLS]``, ...). Unlike the ChatML ones they keep ordinary logits, so a model steered
+            through them by a grammar may emit them as one token each.
     """
     vocab = _llama_vocab()
+    extra = [t for t in dict.fromkeys(special_tokens) if t not in vocab.ids]
+    for token in extra:
+        vocab.add(token, TokenType.CONTROL)
     n_vocab = len(vocab.tokens)
     w = _Weights(seed)
     w.normal("token_embd.weight", n_vocab, N_EMBD)
@@ -237,7 +252,7 @@ def write_tiny_llama(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
     printable = {ord(c) for c in string.printable if c not in "\t\r\x0b\x0c"}
     for token_id, (token, kind) in enumerate(zip(vocab.tokens, vocab.types, strict=True)):
         is_odd_byte = kind == TokenType.BYTE and int(token[3:5], 16) not in printable
-        if is_odd_byte or kind in (TokenType.CONTROL, TokenType.UNKNOWN):
+        if (is_odd_byte or kind in (TokenType.CONTROL, TokenType.UNKNOWN)) and token not in extra:
             output[token_id] = 0.0
     for layer in range(N_LAYER):
         blk = f"blk.{layer}"
@@ -260,7 +275,7 @@ def write_tiny_llama(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
         writer.add_unk_token_id(vocab.ids["<unk>"])
         writer.add_add_bos_token(True)
         writer.add_add_eos_token(False)
-        writer.add_chat_template(CHATML_TEMPLATE)
+        writer.add_chat_template(chat_template)
 
     return _write(
         path,

@@ -57,6 +57,8 @@ class ChatFormat:
     openers: tuple[str, ...] = ("<tool_call>",)
     #: special tokens the output's markup is made of: the engine renders them as text for the parser
     preserved: tuple[str, ...] = ()
+    #: how call ids look (:func:`~lemonkit.backends.chat.tools.new_call_id`): Mistral templates want 9 characters
+    call_ids: str = "openai"
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -75,6 +77,7 @@ FORMATS: dict[str, ChatFormat] = {
             think=("[THINK]", "[/THINK]"),
             openers=("[TOOL_CALLS]",),
             preserved=("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"),
+            call_ids="mistral",
         ),
         ChatFormat(
             "lfm2",

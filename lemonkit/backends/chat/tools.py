@@ -13,8 +13,12 @@ from lemonkit.errors import InvalidArgument
 __all__ = ["ToolSpec", "new_call_id", "parse_json_calls", "parse_tools", "tool_call_from_obj", "tool_system_prompt"]
 
 
-def new_call_id() -> str:
-    """An OpenAI-style tool call id (``call_`` + 24 random hex digits)."""
+def new_call_id(style: str = "openai") -> str:
+    """A tool call id: OpenAI's ``call_`` + 24 random hex digits, or with ``style="mistral"`` the 9 letters and
+    digits Mistral's templates demand when the call comes back in the history (they refuse any other id)."""
+    if style == "mistral":
+        alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+        return "".join(secrets.choice(alphabet) for _ in range(9))
     return "call_" + secrets.token_hex(12)
 
 

@@ -311,7 +311,9 @@ class Batcher:
         job, run = seq.job, seq.run
         slot.t_admit = slot.used = time.perf_counter()
         try:
-            slot.sampler = SeqSampler(self._llm, job.sampling, job.seed, job.grammar, self._is_eog)
+            slot.sampler = SeqSampler(
+                self._llm, job.sampling, job.seed, job.grammar, self._is_eog, job.logit_bias, job.budget
+            )
         except BaseException as exc:
             seq._events.put(exc)
             return

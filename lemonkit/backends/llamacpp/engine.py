@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -31,10 +32,11 @@ from lemonkit.backends.llamacpp.cpu_turns import CpuTurns, Turn, any_cores, on_c
 from lemonkit.backends.llamacpp.devices import Device, gpu_devices, load_on
 from lemonkit.backends.llamacpp.generation import Generator, Job, Sampling, check_arg, top_logprobs
 from lemonkit.backends.llamacpp.kernels import KernelsUnavailable, reference_kernels
+from lemonkit.backends.llamacpp.sampler import ReasoningBudget
 from lemonkit.backends.llamacpp.shapes import (
     ChatPlan,
     Run,
-    chat_deltas,
+    chat_choices,
     chat_message,
     chat_stream,
     completion,
@@ -49,6 +51,9 @@ from lemonkit.options import llamacpp_context_size
 from lemonkit.placement import MiB, estimate, fit_layers
 
 __all__ = ["LlamaCppEngine"]
+
+#: the most choices (``n``) or candidates (``best_of``) one request may ask for
+MAX_CHOICES = 16
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +173,7 @@ class LlamaCppEngine:
         if self.n_ctx_train is None:
             self.n_ctx_train = self._llm._model.n_ctx_train()
         self._fingerprint = f"llama-cpp-python-{llama_cpp.__version__}"
+        self._sampling.n_vocab = self._llm.n_vocab()
         self._closed = False
 
         # Chat prompt: an explicit template, else the GGUF's, else a llama-cpp-python format.
@@ -358,15 +364,23 @@ class LlamaCppEngine:
         if self.kind != "llm":
             raise ModelNotApplicable(f"this is a {self.kind} model: it does not serve chat completions")
         t_start = time.perf_counter()
+        n = body.get("n", 1)
+        check_arg(
+            "n", n, isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_CHOICES, f"1 to {MAX_CHOICES}"
+        )
         job, plan = self._chat_job(body)
+        jobs = _choices(job, n)
         base = self._base(body, "chatcmpl-", "chat.completion.chunk" if body.get("stream") else "chat.completion")
-        run = Run(t_start=t_start)
-        deltas = chat_deltas(self._gen.generate(job, run, cancelled), plan, run, self._gen.token_bytes)
+        runs: list[Run] = []
+        gen = self._gen
+        deltas = chat_choices(
+            jobs, plan, t_start, gen.generate, gen.token_bytes, runs, cancelled, window=gen.n_parallel
+        )
         if body.get("stream"):
             opts = body.get("stream_options")
             include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
-            return chat_stream(base, deltas, run, job, include_usage, cancelled)
-        return chat_message(base, deltas, run, job)
+            return chat_stream(base, deltas, runs, jobs, include_usage, cancelled)
+        return chat_message(base, deltas, runs, jobs)
 
     def complete(self, body: dict[str, Any], *, cancelled: Cancelled) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """``/v1/completions``: one choice per prompt, in order."""
@@ -388,18 +402,42 @@ class LlamaCppEngine:
         if grammar is not None:
             check_arg("grammar", grammar, isinstance(grammar, str) and bool(grammar.strip()), "a GBNF string")
             self._gen.check_grammar(grammar)
-        jobs = [
-            self._sampling.job(body, self._gen.tokenize(p), n_probs=n_probs, prompt=p, grammar=grammar) for p in prompts
-        ]
+        n, best_of = body.get("n", 1), body.get("best_of")
+        ok = isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_CHOICES
+        check_arg("n", n, ok, f"an integer from 1 to {MAX_CHOICES}")
+        if best_of is None:
+            best_of = n
+        ok = isinstance(best_of, int) and not isinstance(best_of, bool) and n <= best_of <= MAX_CHOICES
+        check_arg("best_of", best_of, ok, f"an integer from n ({n}) to {MAX_CHOICES}")
+        ranked = best_of > n  # candidates scored by their mean token logprob, the best n returned
+        if ranked and body.get("stream"):
+            raise InvalidArgument("'best_of' cannot be streamed: the best candidates are known only at the end")
+        suffix = body.get("suffix")
+        check_arg("suffix", suffix, suffix is None or isinstance(suffix, str), "a string")
+        gen = self._gen
+        jobs = []
+        for p in prompts:
+            tokens = gen.fim_tokens(p, suffix) if suffix is not None else gen.tokenize(p)
+            first = self._sampling.job(
+                body, tokens, n_probs=0 if ranked and n_probs is None else n_probs, prompt=p, grammar=grammar
+            )
+            # the choices of one prompt: seeds one apart, so a seeded request stays reproducible
+            jobs += [first] + [
+                dataclasses.replace(first, seed=(first.seed + i) & 0xFFFFFFFF) for i in range(1, best_of)
+            ]
 
         base = self._base(body, "cmpl-", "text_completion")
         runs: list[Run] = []
-        gen = self._gen
         echo = bool(body.get("echo"))
         chunks = completion_chunks(
             base, jobs, echo, t_start, gen.generate, gen.token_bytes, runs, cancelled, window=gen.n_parallel
         )
-        return chunks if body.get("stream") else completion(base, jobs, chunks, runs)
+        if body.get("stream"):
+            return chunks
+        answer = completion(base, jobs, chunks, runs)
+        if ranked:
+            answer["choices"] = _best_choices(answer["choices"], best_of, n, keep_logprobs=n_probs is not None)
+        return answer
 
     def tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
         """``/tokenize`` as llama-server answers it: ``content``'s token ids (special tokens parsed), the BOS first
@@ -552,12 +590,22 @@ class LlamaCppEngine:
 
         n_probs = top_logprobs("top_logprobs", body.get("top_logprobs") or 0) if body.get("logprobs") else None
 
+        template_kwargs = _template_kwargs(body)
         thinking = body.get("enable_thinking")
         if thinking is None:
             thinking = body.get("thinking")
             if isinstance(thinking, dict):  # {"type": "enabled" | "disabled"}
                 thinking = thinking.get("type") != "disabled"
+        if thinking is None and "enable_thinking" in template_kwargs:
+            thinking = template_kwargs.pop("enable_thinking")
+        if thinking is None and template_kwargs.get("reasoning_effort") == "none":
+            thinking = False
+        budget = _reasoning_budget(body)
+        if thinking is None and budget == 0:
+            thinking = False  # no tokens for reasoning: ask templates that can for none
         enable_thinking = None if thinking is None else bool(thinking)
+        parallel = body.get("parallel_tool_calls", True)
+        check_arg("parallel_tool_calls", parallel, isinstance(parallel, bool), "a boolean")
 
         think = self._chat_format.think
         if mode == "forced":
@@ -568,7 +616,9 @@ class LlamaCppEngine:
         shaped = grammar is not None  # the grammar shapes the whole answer: no reasoning, no markup
         raw_grammar = body.get("grammar")  # llama-server's field: GBNF the text follows; tags are still read
         if raw_grammar is not None:
-            check_arg("grammar", raw_grammar, isinstance(raw_grammar, str) and bool(raw_grammar.strip()), "a GBNF string")
+            check_arg(
+                "grammar", raw_grammar, isinstance(raw_grammar, str) and bool(raw_grammar.strip()), "a GBNF string"
+            )
             if shaped:
                 raise InvalidArgument("'grammar' cannot be combined with response_format or a forced tool_choice")
             grammar = raw_grammar
@@ -578,7 +628,7 @@ class LlamaCppEngine:
             enable_thinking = False  # constrained output starts at once: ask thinking templates for no think block
 
         images: list[str] | None = [] if self._vision is not None else None
-        prompt, extra_stops = self._render(body.get("messages"), prompt_tools, enable_thinking, images)
+        prompt, extra_stops = self._render(body.get("messages"), prompt_tools, enable_thinking, images, template_kwargs)
         opens = prompt_opens_thinking(prompt, think)
         if shaped and opens and think is not None:
             prompt += f"\n{think[1]}\n\n"  # a template that always opens its reasoning: close it, empty
@@ -587,6 +637,15 @@ class LlamaCppEngine:
         tokens = self._gen.tokenize(prompt, fit=fit)
         job = self._sampling.job(body, tokens, n_probs=n_probs, prompt=prompt, extra_stops=extra_stops, grammar=grammar)
         job.images = [decode_data_url(url) for url in images or []]
+        if budget is not None and think is not None and not shaped:
+            gen = self._gen
+            job.budget = ReasoningBudget(
+                limit=budget,
+                inside=opens,
+                open_ids=gen.special_ids(think[0]),
+                close_ids=gen.special_ids(think[1]),
+                forced_ids=gen.special_ids(f"\n{think[1]}\n\n"),
+            )
         if shaped and mode != "forced":
             mode = "json"  # the response_format grammar shaped the whole answer: no tags, no tool-call markup
         plan = ChatPlan(
@@ -594,11 +653,17 @@ class LlamaCppEngine:
             tools=tools if mode in ("auto", "forced") else None,
             in_reasoning=opens and not shaped,
             fmt=self._chat_format,
+            parallel=parallel,
         )
         return job, plan
 
     def _render(
-        self, raw_messages: Any, tools: ToolSpec | None, enable_thinking: bool | None, images: list[str] | None
+        self,
+        raw_messages: Any,
+        tools: ToolSpec | None,
+        enable_thinking: bool | None,
+        images: list[str] | None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> tuple[str, list[str]]:
         """The prompt text, and the stop strings its chat format adds (collects image URLs into ``images``)."""
         marker = self._vision.marker if self._vision is not None else None
@@ -610,7 +675,10 @@ class LlamaCppEngine:
             if tools is not None and not tmpl.supports_tools:
                 messages = with_system(messages, tool_system_prompt(tools))
             prompt = tmpl.render(
-                messages, tools=tools.tools if tools and tmpl.supports_tools else None, enable_thinking=enable_thinking
+                messages,
+                tools=tools.tools if tools and tmpl.supports_tools else None,
+                enable_thinking=enable_thinking,
+                **(template_kwargs or {}),
             )
             return prompt, []
         messages = normalize_messages(raw_messages, tools_in_template=False, image_marker=marker, images=images)
@@ -637,6 +705,68 @@ def _context_hint(model: str, ctx: int, n_ctx_train: int | None) -> str:
     if n_ctx_train is not None:
         return f". {model} is loaded with all {ctx} tokens it was trained for: shorten the request"
     return f": {how}"
+
+
+#: variables the engine sets itself: a request's chat_template_kwargs may not replace them
+_TEMPLATE_OWN = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+_EFFORTS = ("none", "minimal", "low", "medium", "high")
+
+
+def _choices(job: Job, n: int) -> list[Job]:
+    """``n`` choices of one prompt, decoded together: seeds one apart, so a seeded request stays reproducible."""
+    return [job] + [dataclasses.replace(job, seed=(job.seed + i) & 0xFFFFFFFF) for i in range(1, n)]
+
+
+def _best_choices(choices: list[dict[str, Any]], best_of: int, n: int, *, keep_logprobs: bool) -> list[dict[str, Any]]:
+    """Of each prompt's ``best_of`` candidates, the ``n`` with the highest mean token logprob (OpenAI's ranking),
+    re-indexed in prompt order."""
+    out: list[dict[str, Any]] = []
+    for start in range(0, len(choices), best_of):
+        group = choices[start : start + best_of]
+
+        def score(choice: dict[str, Any]) -> float:
+            values = (choice.get("logprobs") or {}).get("token_logprobs") or []
+            return sum(values) / len(values) if values else -math.inf
+
+        for choice in sorted(group, key=score, reverse=True)[:n]:
+            if not keep_logprobs:
+                choice["logprobs"] = None
+            out.append({**choice, "index": len(out)})
+    return out
+
+
+def _reasoning_budget(body: dict[str, Any]) -> int | None:
+    """The tokens the reasoning may take: ``reasoning_budget`` (llama-server's, -1 for no limit) or
+    ``thinking.budget_tokens`` (Anthropic's); None when unlimited."""
+    budget = body.get("reasoning_budget")
+    thinking = body.get("thinking")
+    name = "reasoning_budget"
+    if budget is None and isinstance(thinking, dict) and thinking.get("budget_tokens") is not None:
+        budget, name = thinking["budget_tokens"], "thinking.budget_tokens"
+    if budget is None:
+        return None
+    ok = isinstance(budget, int) and not isinstance(budget, bool) and budget >= -1
+    check_arg(name, budget, ok, "an integer >= 0 (-1: no limit)")
+    return None if budget == -1 else budget
+
+
+def _template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """``chat_template_kwargs`` (llama-server's: extra variables for the template, such as ``enable_thinking``),
+    with ``reasoning_effort`` added as the variable gpt-oss's template reads."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        raise InvalidArgument("chat_template_kwargs: expected an object whose keys are template variable names")
+    own = sorted(_TEMPLATE_OWN & kwargs.keys())
+    if own:
+        raise InvalidArgument(f"chat_template_kwargs: {', '.join(own)} is set by the request itself, not here")
+    kwargs = dict(kwargs)
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        check_arg("reasoning_effort", effort, effort in _EFFORTS, "one of " + ", ".join(_EFFORTS))
+        kwargs.setdefault("reasoning_effort", effort)
+    return kwargs
 
 
 def _tool_mode(choice: Any, tools: ToolSpec | None) -> tuple[str, str | None]:

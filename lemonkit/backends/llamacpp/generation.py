@@ -22,6 +22,7 @@ from lemonkit.backends.base import Cancelled
 from lemonkit.backends.chat import StopMatcher
 from lemonkit.backends.llamacpp.batch import Batcher, End
 from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores
+from lemonkit.backends.llamacpp.sampler import ReasoningBudget
 from lemonkit.backends.llamacpp.shapes import Run
 from lemonkit.errors import InvalidArgument
 from lemonkit.metrics import GenerationTotals
@@ -74,6 +75,8 @@ class Job:
     prompt: str = ""
     images: list[bytes] = field(default_factory=list)  # decoded image files (vision)
     cache_prompt: bool = True  # reuse a slot's cached prefix (llama-server's field); False: evaluate it all
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    budget: ReasoningBudget | None = None  # caps the reasoning's tokens
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Sampling:
     defaults: dict[str, Any]
     seed: int | None = None
     max_tokens: int = -1
+    n_vocab: int = 0x7FFFFFFF  # the model's, set once it is loaded (bounds logit_bias ids)
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> Sampling:
@@ -163,6 +167,7 @@ class Sampling:
         stops = [x for x in stops + (extra_stops or []) if x]
         cache_prompt = g("cache_prompt", True)
         check_arg("cache_prompt", cache_prompt, isinstance(cache_prompt, bool), "a boolean")
+        logit_bias = parse_logit_bias(g("logit_bias"), self.n_vocab)
         return Job(
             tokens=tokens,
             sampling=sampling,
@@ -173,7 +178,36 @@ class Sampling:
             n_probs=n_probs,
             prompt=prompt,
             cache_prompt=cache_prompt,
+            logit_bias=logit_bias,
         )
+
+
+def parse_logit_bias(value: Any, n_vocab: int) -> dict[int, float]:
+    """OpenAI's ``logit_bias`` (``{"token id": bias}``, bias from -100 to 100) or llama-server's list form
+    (``[[id, bias], ...]``, ``false`` for a ban) as token id -> bias; -100 and ``false`` ban the token."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value):
+        pairs = [(p[0], p[1]) for p in value]
+    else:
+        raise InvalidArgument("logit_bias: expected an object of token id -> bias (or llama-server's [[id, bias]])")
+    out: dict[int, float] = {}
+    for key, bias in pairs:
+        try:
+            token = int(key) if not isinstance(key, bool) else -1
+        except (TypeError, ValueError):
+            token = -1
+        if not 0 <= token < n_vocab:
+            raise InvalidArgument(f"logit_bias: {key!r} is not a token id of this model (0 to {n_vocab - 1})")
+        if bias is False:
+            bias = -math.inf
+        ok = isinstance(bias, int | float) and not isinstance(bias, bool) and (-100 <= bias <= 100 or bias == -math.inf)
+        if not ok:
+            raise InvalidArgument(f"logit_bias[{key!r}]: expected a number from -100 to 100, got {bias!r}")
+        out[token] = -math.inf if bias <= -100 else float(bias)
+    return out
 
 
 class Generator:
@@ -264,6 +298,38 @@ class Generator:
         if not sampler:
             raise InvalidArgument("the response format or tool schema could not be turned into a grammar")
         self._lc.llama_sampler_free(sampler)
+
+    def fim_tokens(self, prefix: str, suffix: str) -> list[int]:
+        """A fill-in-the-middle prompt (``suffix`` on completions): prefix, suffix and middle tokens around the two
+        texts, as llama-server's ``/infill`` lays them out. Refused for a model without FIM tokens."""
+        lc, vocab = self._lc, self._vocab
+        pre, suf, mid = lc.llama_vocab_fim_pre(vocab), lc.llama_vocab_fim_suf(vocab), lc.llama_vocab_fim_mid(vocab)
+        if min(pre, suf, mid) < 0:
+            raise InvalidArgument(
+                "'suffix' needs a model trained for fill-in-the-middle (its vocabulary has no FIM tokens); "
+                "send the text before and after in the prompt instead"
+            )
+
+        def text(t: str) -> list[int]:
+            return list(self._llm.tokenize(t.encode("utf-8"), add_bos=False, special=False)) if t else []
+
+        tokens = ([self._bos] if self.add_bos and self._bos >= 0 else []) + [
+            pre,
+            *text(prefix),
+            suf,
+            *text(suffix),
+            mid,
+        ]
+        if len(tokens) >= self.n_ctx:
+            raise InvalidArgument(
+                f"the request needs {len(tokens)} prompt tokens, more than the context size ({self.n_ctx}) allows"
+                + self.context_hint
+            )
+        return tokens
+
+    def special_ids(self, text: str) -> list[int]:
+        """``text`` as token ids, special tokens parsed (no BOS): how a tag the model writes looks to the sampler."""
+        return list(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
 
     def preserve(self, texts: tuple[str, ...]) -> None:
         """Render the special tokens spelled ``texts`` as their text (llama.cpp renders control tokens as nothing):

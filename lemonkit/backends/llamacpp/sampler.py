@@ -12,11 +12,12 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from lemonkit.errors import InvalidArgument
 
-__all__ = ["SeqSampler"]
+__all__ = ["ReasoningBudget", "SeqSampler"]
 
 
 class SeqSampler:
@@ -34,13 +35,28 @@ class SeqSampler:
     """
 
     def __init__(
-        self, llm: Any, sampling: dict[str, Any], seed: int, grammar: str | None, is_eog: Callable[[int], bool]
+        self,
+        llm: Any,
+        sampling: dict[str, Any],
+        seed: int,
+        grammar: str | None,
+        is_eog: Callable[[int], bool],
+        logit_bias: dict[int, float] | None = None,
+        budget: ReasoningBudget | None = None,
     ) -> None:
         import llama_cpp as lc
+        import numpy as np
 
         self._lc = lc
         self._n_vocab: int = llm.n_vocab()
         self._is_eog = is_eog
+        # OpenAI's logit_bias: added to the logits row itself, so greedy, the chain, the grammar and logprobs all
+        # see the biased logits
+        self._budget = budget.fresh() if budget is not None else None
+        self._bias: tuple[Any, Any] | None = None
+        if logit_bias:
+            ids = np.fromiter(logit_bias.keys(), dtype=np.intc)
+            self._bias = (ids, np.fromiter(logit_bias.values(), dtype=np.single))
         # _init_sampler reads the seed from the Llama: only the decode thread builds samplers, one at a time
         llm.set_seed(seed)
         self._chain = llm._init_sampler(**sampling)
@@ -71,7 +87,21 @@ class SeqSampler:
 
     def sample(self, ctx: Any, idx: int) -> int:
         """Pick the next token from logits row ``idx`` of the last decode and accept it into the sampler state."""
+        budget = self._budget
+        if budget is None:
+            return self._sample(ctx, idx)
+        token = budget.forced()
+        if token is None:
+            token = self._sample(ctx, idx)
+        elif not self._greedy:
+            self._lc.llama_sampler_accept(self._chain.sampler, token)  # penalties see it like a sampled token
+        budget.accept(token)
+        return token
+
+    def _sample(self, ctx: Any, idx: int) -> int:
         lc = self._lc
+        if self._bias is not None:
+            self._logits(ctx, idx)[self._bias[0]] += self._bias[1]
         if self._greedy:
             return int(self._logits(ctx, idx).argmax())  # the first of equal maxima, as the greedy sampler picks
         if self._grammar is None:
@@ -126,6 +156,48 @@ class SeqSampler:
             self._lc.llama_sampler_free(self._grammar)
             self._grammar = None
         self._chain.close()
+
+
+@dataclass
+class ReasoningBudget:
+    """A cap on the tokens of a sequence's reasoning: once ``limit`` tokens went into it, the close tag (``close``,
+    as token ids, with the newlines the templates put around it) is written instead of what the model samples, as
+    llama-server's ``--reasoning-budget`` does. Tags are matched on token ids, so counting costs nothing per token.
+    """
+
+    limit: int
+    inside: bool  # the prompt opened the reasoning
+    open_ids: list[int]
+    close_ids: list[int]
+    forced_ids: list[int]
+    used: int = 0
+    _queue: list[int] = field(default_factory=list)
+    _recent: list[int] = field(default_factory=list)
+    _closed: bool = False
+
+    def fresh(self) -> ReasoningBudget:
+        return ReasoningBudget(self.limit, self.inside, self.open_ids, self.close_ids, self.forced_ids)
+
+    def forced(self) -> int | None:
+        """The next token of a forced close, else None (sample as usual)."""
+        if self.inside and not self._queue and self.used >= self.limit and not self._closed:
+            self._queue = list(self.forced_ids)
+            self._closed = True
+        return self._queue.pop(0) if self._queue else None
+
+    def accept(self, token: int) -> None:
+        recent = self._recent
+        recent.append(token)
+        keep = max(len(self.open_ids), len(self.close_ids))
+        if len(recent) > keep:
+            del recent[: len(recent) - keep]
+        if self.inside:
+            if self.close_ids and recent[-len(self.close_ids) :] == self.close_ids:
+                self.inside = False  # a forced close still writes the newlines after the tag
+            elif not self._queue:
+                self.used += 1
+        elif not self._closed and self.open_ids and recent[-len(self.open_ids) :] == self.open_ids:
+            self.inside, self.used = True, 0
 
 
 def _neutral_penalties(sampling: dict[str, Any]) -> bool:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ChatPlan",
     "Run",
+    "chat_choices",
     "chat_deltas",
     "chat_message",
     "chat_stream",
@@ -91,6 +92,10 @@ class Run:
         return "stop" if self.finish_reason == "cancelled" else self.finish_reason
 
 
+#: generates one job's tokens, filling its run, until it ends or the cancellation says so
+Generate = Callable[["Job", Run, Cancelled], Tokens]
+
+
 def _add_usage(runs: list[Run]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Usage and timings summed over the runs of a multi-prompt completion."""
     if len(runs) == 1:
@@ -120,6 +125,7 @@ class ChatPlan:
     tools: ToolSpec | None
     in_reasoning: bool
     fmt: ChatFormat | None = None  # the model family's markup (None: Hermes)
+    parallel: bool = True  # parallel_tool_calls: False ends the answer when a second call would start
 
 
 def _chat_logprob(lp: Logprob, token_bytes: TokenBytes) -> dict[str, Any]:
@@ -138,7 +144,7 @@ def _chat_logprob(lp: Logprob, token_bytes: TokenBytes) -> dict[str, Any]:
 def chat_deltas(tokens: Tokens, plan: ChatPlan, run: Run, token_bytes: TokenBytes) -> Iterator[Delta]:
     """OpenAI ``delta`` dicts for the generated text, with the logprobs of the tokens behind them."""
     if plan.mode == "forced":
-        yield from _forced_call_deltas(tokens, run, token_bytes)
+        yield from _forced_call_deltas(tokens, run, token_bytes, plan.fmt.call_ids if plan.fmt else "openai")
         return
     pending: list[dict[str, Any]] = []
     if plan.mode == "json":  # verbatim: a JSON string may hold "<think>" or a tool call's look
@@ -155,16 +161,23 @@ def chat_deltas(tokens: Tokens, plan: ChatPlan, run: Run, token_bytes: TokenByte
         plan.fmt, in_reasoning=plan.in_reasoning, tools=plan.tools if plan.mode == "auto" and plan.tools else None
     )
     n_calls = 0
+    id_style = plan.fmt.call_ids if plan.fmt is not None else "openai"
+    one_call = False  # parallel_tool_calls is false and the call is made: nothing more is generated
 
     def flush(events: Any) -> Iterator[Delta]:
-        nonlocal n_calls, pending
+        nonlocal n_calls, pending, one_call
         for kind, value in events:
+            if one_call:
+                return
+            if kind == "tool_name" and n_calls and not plan.parallel:
+                one_call = True
+                return
             if kind == "content":
                 yield {"content": value}, pending or None
             elif kind == "reasoning":
                 yield {"reasoning_content": value}, pending or None
             elif kind == "tool_name":  # a call opens: its id and name at once, the arguments as they come
-                head = {"index": n_calls, "id": new_call_id(), "type": "function"}
+                head = {"index": n_calls, "id": new_call_id(id_style), "type": "function"}
                 yield {"tool_calls": [{**head, "function": {"name": value, "arguments": ""}}]}, pending or None
                 n_calls += 1
             else:
@@ -176,18 +189,24 @@ def chat_deltas(tokens: Tokens, plan: ChatPlan, run: Run, token_bytes: TokenByte
             pending.append(_chat_logprob(lp, token_bytes))
         if text:
             yield from flush(parser.feed(text))
-    yield from flush(parser.finish())
+        if one_call:
+            close = getattr(tokens, "close", None)
+            if close is not None:
+                close()  # ends the generation: its slot is freed at the next step
+            break
+    else:
+        yield from flush(parser.finish())
     if n_calls and run.finish_reason != "cancelled":
         run.finish_reason = "tool_calls"
     if pending:
         yield {}, pending
 
 
-def _forced_call_deltas(tokens: Tokens, run: Run, token_bytes: TokenBytes) -> Iterator[Delta]:
+def _forced_call_deltas(tokens: Tokens, run: Run, token_bytes: TokenBytes, id_style: str) -> Iterator[Delta]:
     """A grammar-forced call streamed as it is generated: the name once complete, then pieces of the arguments."""
     pending: list[dict[str, Any]] = []
     forced = ForcedToolStream()
-    call_id = new_call_id()
+    call_id = new_call_id(id_style)
     raw: list[str] = []
     named = False
     for text, lp in tokens:
@@ -215,95 +234,139 @@ def _forced_call_deltas(tokens: Tokens, run: Run, token_bytes: TokenBytes) -> It
         yield {}, pending
 
 
-def chat_message(base: dict[str, Any], deltas: Iterator[Delta], run: Run, job: Job) -> dict[str, Any]:
-    """The whole ``chat.completion`` answer, assembled from the deltas."""
-    content: list[str] = []
-    reasoning: list[str] = []
-    calls: dict[int, dict[str, Any]] = {}
-    logprobs: list[dict[str, Any]] = []
-    for delta, lps in deltas:
+#: a chat delta tagged with the index of its choice
+Indexed = tuple[int, Delta]
+
+
+def chat_choices(
+    jobs: list[Job],
+    plan: ChatPlan,
+    t_start: float,
+    generate: Generate,
+    token_bytes: TokenBytes,
+    runs: list[Run],
+    cancelled: Cancelled,
+    *,
+    window: int = 1,
+) -> Iterator[Indexed]:
+    """The deltas of every choice (``n`` jobs of one prompt), tagged with its index; fills ``runs`` in index order.
+    Up to ``window`` choices generate at once, stepped together by the batch."""
+
+    def source(index: int, gone: Cancelled) -> Iterator[Delta]:
+        run = Run(t_start=t_start if index == 0 else time.perf_counter())
+        runs.append(run)
+        return chat_deltas(generate(jobs[index], run, gone), plan, run, token_bytes)
+
+    return interleave([partial(source, i) for i in range(len(jobs))], window, cancelled)
+
+
+def _chat_usage(runs: list[Run]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Usage and timings of the choices of one prompt: the prompt counted once (OpenAI's), the tokens of all."""
+    if len(runs) == 1:
+        return runs[0].usage(), runs[0].timings()
+    total = Run(t_start=runs[0].t_start)
+    total.prompt_tokens, total.cached, total.prompt_ms = runs[0].prompt_tokens, runs[0].cached, runs[0].prompt_ms
+    for r in runs:
+        total.generated += r.generated
+        total.times.extend(r.times)
+    return total.usage(), total.timings()
+
+
+def chat_message(base: dict[str, Any], deltas: Iterator[Indexed], runs: list[Run], jobs: list[Job]) -> dict[str, Any]:
+    """The whole ``chat.completion`` answer, one choice per job, assembled from the deltas."""
+    parts: list[dict[str, Any]] = [{"content": [], "reasoning": [], "calls": {}, "logprobs": []} for _ in jobs]
+    for index, (delta, lps) in deltas:
+        part = parts[index]
         if lps:
-            logprobs.extend(lps)
+            part["logprobs"].extend(lps)
         if "content" in delta:
-            content.append(delta["content"])
+            part["content"].append(delta["content"])
         elif "reasoning_content" in delta:
-            reasoning.append(delta["reasoning_content"])
+            part["reasoning"].append(delta["reasoning_content"])
         elif "tool_calls" in delta:
-            for part in delta["tool_calls"]:
-                call = calls.setdefault(
-                    part["index"], {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+            for piece in delta["tool_calls"]:
+                call = part["calls"].setdefault(
+                    piece["index"], {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
                 )
-                if "id" in part:
-                    call["id"] = part["id"]
-                    call["function"]["name"] = part["function"]["name"]
-                call["function"]["arguments"] += part["function"].get("arguments", "")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
-    if reasoning:
-        message["reasoning_content"] = "".join(reasoning)
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-        if not message["content"]:
-            message["content"] = None
-    choice = {
-        "index": 0,
-        "message": message,
-        "logprobs": {"content": logprobs} if job.n_probs is not None else None,
-        "finish_reason": run.finish,
-        **run.stopped_by(),
-    }
-    return {**base, "choices": [choice], "usage": run.usage(), "timings": run.timings()}
+                if "id" in piece:
+                    call["id"] = piece["id"]
+                    call["function"]["name"] = piece["function"]["name"]
+                call["function"]["arguments"] += piece["function"].get("arguments", "")
+    choices = []
+    for index, (part, run, job) in enumerate(zip(parts, runs, jobs, strict=False)):
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(part["content"])}
+        if part["reasoning"]:
+            message["reasoning_content"] = "".join(part["reasoning"])
+        calls = part["calls"]
+        if calls:
+            message["tool_calls"] = [calls[i] for i in sorted(calls)]
+            if not message["content"]:
+                message["content"] = None
+        choices.append(
+            {
+                "index": index,
+                "message": message,
+                "logprobs": {"content": part["logprobs"]} if job.n_probs is not None else None,
+                "finish_reason": run.finish,
+                **run.stopped_by(),
+            }
+        )
+    usage, timings = _chat_usage(runs)
+    return {**base, "choices": choices, "usage": usage, "timings": timings}
 
 
 def chat_stream(
-    base: dict[str, Any], deltas: Iterator[Delta], run: Run, job: Job, include_usage: bool, cancelled: Cancelled
+    base: dict[str, Any],
+    deltas: Iterator[Indexed],
+    runs: list[Run],
+    jobs: list[Job],
+    include_usage: bool,
+    cancelled: Cancelled,
 ) -> Iterator[dict[str, Any]]:
-    """``chat.completion.chunk`` objects: the role, one per delta, the finish reason, then usage if asked."""
-    want_lp = job.n_probs is not None
-    role = {
-        **base,
-        "choices": [
-            {"index": 0, "delta": {"role": "assistant", "content": None}, "logprobs": None, "finish_reason": None}
-        ],
-    }
-    # The role chunk waits for the prompt to be evaluated: an error found there (context, image)
-    # then still reaches the client as an HTTP error, and the first chunk marks the first token.
-    started = False
-    for delta, lps in deltas:
-        if not started:
-            started = True
-            yield role
+    """``chat.completion.chunk`` objects: per choice its role, one per delta, its finish reason; then usage if
+    asked. Choices interleave as they are generated."""
+
+    def role(index: int) -> dict[str, Any]:
+        delta = {"role": "assistant", "content": None}
+        return {**base, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]}
+
+    # A choice's role chunk waits for its prompt to be evaluated: an error found there (context, image) then
+    # still reaches the client as an HTTP error, and the first chunk marks the first token.
+    started: set[int] = set()
+    for index, (delta, lps) in deltas:
+        if index not in started:
+            started.add(index)
+            yield role(index)
         if not delta and not lps:
             continue
-        yield {
-            **base,
-            "choices": [
-                {
-                    "index": 0,
-                    "delta": delta,
-                    "logprobs": {"content": lps} if want_lp and lps else None,
-                    "finish_reason": None,
-                }
-            ],
+        want_lp = jobs[index].n_probs is not None
+        choice = {
+            "index": index,
+            "delta": delta,
+            "logprobs": {"content": lps} if want_lp and lps else None,
+            "finish_reason": None,
         }
-    if run.finish_reason == "cancelled" or cancelled():
+        yield {**base, "choices": [choice]}
+    if cancelled() or any(r.finish_reason == "cancelled" for r in runs):
         return  # nobody is listening: no final chunk
-    if not started:
-        yield role
-    last = {
-        **base,
-        "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": run.finish, **run.stopped_by()}],
-    }
+    last: dict[str, Any] | None = None
+    for index, run in enumerate(runs):
+        if index not in started:
+            yield role(index)
+        if last is not None:
+            yield last
+        choice = {"index": index, "delta": {}, "logprobs": None, "finish_reason": run.finish, **run.stopped_by()}
+        last = {**base, "choices": [choice]}
+    assert last is not None
+    usage, timings = _chat_usage(runs)
     if include_usage:
         yield last
-        last = {**base, "choices": [], "usage": run.usage()}
-    last["timings"] = run.timings()  # llama-server puts timings on the very last chunk
+        last = {**base, "choices": [], "usage": usage}
+    last["timings"] = timings  # llama-server puts timings on the very last chunk
     yield last
 
 
 # ----------------------------------------------------------------------------- text completions
-
-#: generates one job's tokens, filling its run, until it ends or the cancellation says so
-Generate = Callable[["Job", Run, Cancelled], Tokens]
 
 
 def _completion_logprobs(items: list[tuple[Logprob, int]], token_bytes: TokenBytes) -> dict[str, Any]:
