@@ -29,7 +29,7 @@ FORBIDDEN_LLAMACPP_FLAGS = frozenset({
 # fmt: on
 
 # flag -> (key, converter). Keys are Llama() kwargs, sampling defaults (the engine's DEFAULT_SAMPLING keys),
-# or the engine's own (chat_template, max_tokens, seed, n_parallel, _ignored).
+# or the engine's own (chat_template, grammar, reasoning_budget, max_tokens, seed, n_parallel, _ignored).
 _GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
 _POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 
@@ -103,6 +103,13 @@ def _on_off(value: str) -> bool:
     raise ValueError("on, off or auto")
 
 
+def _budget(value: str) -> int:
+    n = int(value)
+    if n < -1:
+        raise ValueError("-1 (no limit), 0 (no reasoning) or a number of tokens")
+    return n
+
+
 _VALUE_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {}
 for _names, _key, _conv in (
     (("-t", "--threads"), "n_threads", int),
@@ -126,6 +133,8 @@ for _names, _key, _conv in (
     (("--rope-freq-scale",), "rope_freq_scale", float),
     (("--pooling",), "pooling_type", _choice(_POOLING)),
     (("--chat-template",), "chat_template", str),
+    (("--grammar",), "grammar", str),  # a default GBNF for the model's answers (a request's grammar wins)
+    (("--reasoning-budget",), "reasoning_budget", _budget),
     (("-np", "--parallel"), "n_parallel", int),  # requests generated together (continuous batching)
     (("-lm", "--load-mode"), "load_mode", _load_mode),  # llama-server's successor of --[no-]mmap and --mlock
     # offload: llama.cpp builds with a GPU backend (lemonkit.llamacpp_builds); the CPU build has nothing to offload to

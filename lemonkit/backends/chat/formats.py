@@ -118,7 +118,7 @@ def detect_format(template: str | None) -> ChatFormat:
         return FORMATS["qwen3_coder"]
     if "<arg_key>" in t:
         return FORMATS["glm"]
-    if "<|tool_call_start|>" in t:
+    if "<|tool_call_start|>" in t or "<|tool_list_start|>" in t:
         return FORMATS["lfm2"]
     if "<|tool_call|>" in t:
         return FORMATS["phi4"]
@@ -136,6 +136,7 @@ def detect_format(template: str | None) -> ChatFormat:
 # ----------------------------------------------------------------------------- scanning helpers
 
 _WS = " \t\r\n"
+_NAME = re.compile(r"[A-Za-z_][\w.\-:]*")  # a function name
 _JSON_STOP = re.compile(r'["\\{}\[\]]')
 _STR_STOP = re.compile(r'["\\]')
 _PY_STOP = re.compile(r"[\"'\\(){}\[\],]")
@@ -302,9 +303,10 @@ class Section:
         self.buf += text
         while not self.done and self._step(final):
             pass
-        if final and not self.done:
+        if final and not self.done:  # the text ended inside the section: all of it was the section's
             self._finish()
             self.done = True
+            self.i = len(self.buf)
         out, self.out = self.out, []
         return out
 
@@ -397,8 +399,6 @@ class JsonCalls(Section):
             self._args(buf[self.scan.start + self.sent : stop])
             self.sent = stop - self.scan.start
             if end is None:
-                if final:
-                    self.done = True
                 return False
             self.i = end
             self.state = "close_object"
@@ -726,8 +726,8 @@ class XmlCalls(Section):
                     return False
                 name = buf[j + len("<function=") : k].strip()
                 self.i = k + 1
-            if not name or any(c in name for c in "<>{}"):
-                return self._fail()
+            if not _NAME.fullmatch(name) or (self.glm and self.tools is not None and name not in self.tools.params):
+                return self._fail()  # GLM's bare name is taken only when it names a tool: else it is text
             self.name, self.n_params = name, 0
             self._name(name)
             self.state = "param"

@@ -49,6 +49,8 @@ class ChatTemplate:
         #: The template declares tools itself (else the engine adds a system prompt).
         self.supports_tools = "tools" in source
         self.supports_thinking = "enable_thinking" in source
+        #: Gemma's templates raise on a system turn: system text is folded into the first user turn instead
+        self.supports_system = "System role not supported" not in source
 
     def render(
         self,

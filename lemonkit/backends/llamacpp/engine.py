@@ -399,6 +399,8 @@ class LlamaCppEngine:
         else:
             n_probs = top_logprobs("logprobs", logprobs, "a boolean or an integer")
         grammar = body.get("grammar")  # llama-server's field: GBNF the completion follows
+        if grammar is None:
+            grammar = self._sampling.grammar
         if grammar is not None:
             check_arg("grammar", grammar, isinstance(grammar, str) and bool(grammar.strip()), "a GBNF string")
             self._gen.check_grammar(grammar)
@@ -600,7 +602,7 @@ class LlamaCppEngine:
             thinking = template_kwargs.pop("enable_thinking")
         if thinking is None and template_kwargs.get("reasoning_effort") == "none":
             thinking = False
-        budget = _reasoning_budget(body)
+        budget = _reasoning_budget(body, self._sampling.reasoning_budget)
         if thinking is None and budget == 0:
             thinking = False  # no tokens for reasoning: ask templates that can for none
         enable_thinking = None if thinking is None else bool(thinking)
@@ -615,6 +617,8 @@ class LlamaCppEngine:
             grammar = response_format_grammar(body.get("response_format"))
         shaped = grammar is not None  # the grammar shapes the whole answer: no reasoning, no markup
         raw_grammar = body.get("grammar")  # llama-server's field: GBNF the text follows; tags are still read
+        if raw_grammar is None and not shaped:
+            raw_grammar = self._sampling.grammar  # the model's --grammar
         if raw_grammar is not None:
             check_arg(
                 "grammar", raw_grammar, isinstance(raw_grammar, str) and bool(raw_grammar.strip()), "a GBNF string"
@@ -674,6 +678,8 @@ class LlamaCppEngine:
             )
             if tools is not None and not tmpl.supports_tools:
                 messages = with_system(messages, tool_system_prompt(tools))
+            if not tmpl.supports_system:
+                messages = merge_system_messages(messages)
             prompt = tmpl.render(
                 messages,
                 tools=tools.tools if tools and tmpl.supports_tools else None,
@@ -735,16 +741,16 @@ def _best_choices(choices: list[dict[str, Any]], best_of: int, n: int, *, keep_l
     return out
 
 
-def _reasoning_budget(body: dict[str, Any]) -> int | None:
+def _reasoning_budget(body: dict[str, Any], default: int = -1) -> int | None:
     """The tokens the reasoning may take: ``reasoning_budget`` (llama-server's, -1 for no limit) or
-    ``thinking.budget_tokens`` (Anthropic's); None when unlimited."""
+    ``thinking.budget_tokens`` (Anthropic's), else the model's ``--reasoning-budget``; None when unlimited."""
     budget = body.get("reasoning_budget")
     thinking = body.get("thinking")
     name = "reasoning_budget"
     if budget is None and isinstance(thinking, dict) and thinking.get("budget_tokens") is not None:
         budget, name = thinking["budget_tokens"], "thinking.budget_tokens"
     if budget is None:
-        return None
+        budget = default
     ok = isinstance(budget, int) and not isinstance(budget, bool) and budget >= -1
     check_arg(name, budget, ok, "an integer >= 0 (-1: no limit)")
     return None if budget == -1 else budget

@@ -87,12 +87,20 @@ class Sampling:
     seed: int | None = None
     max_tokens: int = -1
     n_vocab: int = 0x7FFFFFFF  # the model's, set once it is loaded (bounds logit_bias ids)
+    grammar: str | None = None  # --grammar: what answers follow unless a request brings its own
+    reasoning_budget: int = -1  # --reasoning-budget: -1 no limit
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> Sampling:
         """Take the sampling settings out of parsed ``llamacpp_args`` (they are not ``Llama()`` arguments)."""
         defaults = {k: args.pop(k) if k in args else v for k, v in DEFAULT_SAMPLING.items()}
-        return cls(defaults, args.pop("seed", None), args.pop("max_tokens", -1))
+        return cls(
+            defaults,
+            args.pop("seed", None),
+            args.pop("max_tokens", -1),
+            grammar=args.pop("grammar", None),
+            reasoning_budget=args.pop("reasoning_budget", -1),
+        )
 
     def job(
         self,
