@@ -60,6 +60,7 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("batches/transcriptions", audio.BatchTranscriptionHandler),
     ("audio/speech", speech.SpeechHandler),
     ("audio/voices", speech.VoicesHandler),
+    ("audio/models", speech.SpeechModelsHandler),
     ("images/generations", images.ImageGenerationHandler),
     ("images/edits", images.ImageEditHandler),
     ("images/variations", images.ImageVariationHandler),

@@ -1,5 +1,5 @@
-"""Text-to-speech routes: ``POST /v1/audio/speech`` and ``GET /v1/audio/voices`` (spec: ``openai-api.md``,
-``audio-api.md``).
+"""Text-to-speech routes: ``POST /v1/audio/speech``, ``GET /v1/audio/voices`` (spec: ``openai-api.md``,
+``audio-api.md``) and ``GET /v1/audio/models``, the speech models (what Open WebUI's model picker asks for).
 
 The model's sidecar synthesises (:mod:`lemonkit.backends.tts`); these handlers check the request before anything
 loads, then pass the sidecar's answer through: an encoded file or JSON as one body, raw PCM chunk by chunk
@@ -9,6 +9,7 @@ which stops the synthesis at its next sentence.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -18,9 +19,10 @@ from lemonkit import config
 from lemonkit.backends.tts import response_format, streaming_mode
 from lemonkit.inference import loaded_model
 from lemonkit.manager import LoadedModel
+from lemonkit.server.base import LemonkitHandler
 from lemonkit.server.openai import InferenceHandler, ModelRouteHandler
 
-__all__ = ["SpeechHandler", "VoicesHandler"]
+__all__ = ["SpeechHandler", "SpeechModelsHandler", "VoicesHandler"]
 
 #: sidecar answer headers passed on to the client
 _PASSED_HEADERS = ("Content-Type", "X-Sample-Rate")
@@ -101,4 +103,32 @@ class VoicesHandler(ModelRouteHandler):
         await self.serve_model({"model": name or config.default_speech_model()})
 
     async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
-        self.write_json(await self.sidecar_json(model, self.sidecar_path, body))
+        answer = await self.sidecar_json(model, self.sidecar_path, body)
+        # the spec's names, and the same voices as the {id, name} objects OpenAI-style speech clients list
+        names = answer.get("voices") or []
+        answer["data"] = [{"id": v, "name": v, "object": "voice"} for v in names if isinstance(v, str)]
+        self.write_json(answer)
+
+
+class SpeechModelsHandler(LemonkitHandler):
+    """``GET /v1/audio/models``: the text-to-speech models this machine runs, as the speech clients that pick a
+    voice model read them (``models``: ``{id, name}``; ``data``: OpenAI model objects)."""
+
+    async def get(self) -> None:
+        service = self.service
+
+        def build() -> list[str]:
+            return [
+                info.id
+                for info in service.registry.list(show_all=False)
+                if info.type == "tts" and service.support.model(info, service.registry).supported
+            ]
+
+        names = await asyncio.to_thread(build)
+        self.write_json(
+            {
+                "models": [{"id": n, "name": n} for n in names],
+                "object": "list",
+                "data": [{"id": n, "object": "model", "owned_by": "lemonkit"} for n in names],
+            }
+        )

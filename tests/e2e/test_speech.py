@@ -95,6 +95,12 @@ async def test_voices_listing_and_voice_names(host: Host) -> None:
     async with host.client() as client:
         hibari = (await client.get("audio/voices", params={"model": HIBARI})).json()
         assert hibari["voices"] == ["heart"] and hibari["openai_voices"]["nova"] == "heart"
+        assert hibari["data"] == [{"id": "heart", "name": "heart", "object": "voice"}]  # the shape speech clients read
+        models = (await client.get("audio/models")).json()
+        speakers = {m["id"] for m in models["models"]}
+        assert {HIBARI, DEFAULT_SPEECH_MODEL} <= speakers and speakers == {m["id"] for m in models["data"]}
+        all_models = (await client.get("models")).json()["data"]
+        assert speakers < {m["id"] for m in all_models}  # the speech models only, not every model
         # without a model: the loaded text-to-speech model
         assert (await client.get("audio/voices")).json()["voices"] == ["heart"]
         await client.post("unload", json={})
