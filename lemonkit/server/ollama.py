@@ -281,7 +281,6 @@ def generate_request(body: dict[str, Any], model_id: str) -> tuple[str, dict[str
     """The sidecar route and request an Ollama ``/api/generate`` body stands for: a chat turn with the model's
     template, or with ``raw`` a completion of the prompt as it is."""
     for field, why in (
-        ("suffix", "fill-in-the-middle is not supported: send the text before and after in the prompt"),
         ("template", "lemonkit renders prompts with the model's own chat template; use raw: true to send your own"),
         ("context", "lemonkit keeps no conversation state for /api/generate; send the conversation to /api/chat"),
     ):
@@ -296,6 +295,13 @@ def generate_request(body: dict[str, Any], model_id: str) -> tuple[str, dict[str
         "stream_options": {"include_usage": True},
         **_sampling(body.get("options")),
     }
+    suffix = body.get("suffix")
+    if suffix:  # Ollama's fill-in-the-middle: the completion between prompt and suffix, no chat template
+        if not isinstance(suffix, str):
+            raise InvalidArgument("suffix: expected a string")
+        if body.get("images"):
+            raise InvalidArgument("images: fill-in-the-middle takes text only")
+        return "/v1/completions", schemas.validate("completions", {**common, "prompt": prompt, "suffix": suffix})
     if body.get("raw"):
         if body.get("images"):
             raise InvalidArgument("images: a raw prompt has no template to place images in; use /api/chat")

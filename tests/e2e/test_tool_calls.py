@@ -23,6 +23,8 @@ from lemonkit.testing.tiny_gguf import CHATML_TEMPLATE, write_tiny_llama
 
 REPO = "lemonkit-test/formats-GGUF"
 THINKER = "user.fmt-thinker"
+CODER = "user.fmt-coder"
+FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
 
 
 def _name(case: Case) -> str:
@@ -76,6 +78,8 @@ def formats_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     assert thinking != CHATML_TEMPLATE
     write_tiny_llama(snapshot / "thinker.gguf", chat_template=thinking, special_tokens=["<think>", "</think>"])
     entries["fmt-thinker"] = {"checkpoint": f"{REPO}:thinker.gguf", "recipe": "llamacpp"}
+    write_tiny_llama(snapshot / "coder.gguf", special_tokens=FIM)  # a model trained for fill-in-the-middle
+    entries["fmt-coder"] = {"checkpoint": f"{REPO}:coder.gguf", "recipe": "llamacpp"}
     cache = root / "cache"
     cache.mkdir()
     (cache / "user_models.json").write_text(json.dumps(entries))
@@ -228,3 +232,27 @@ async def test_reasoning_budget(formats_host: Host) -> None:
         assert default["content"] and await reasoning_tokens(default["reasoning_content"]) <= 6
         bad = await client.post("chat/completions", json={**body, "reasoning_budget": -2})
         assert bad.status_code == 400
+
+
+async def test_fill_in_the_middle(formats_host: Host) -> None:
+    """``suffix`` on completions (and Ollama's generate): the prompt laid out around the model's FIM tokens."""
+    prefix, suffix = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
+    async with formats_host.client() as client:
+
+        async def count(text: str) -> int:
+            return len((await client.post("tokenize", json={"model": CODER, "content": text})).json()["tokens"])
+
+        body = {"model": CODER, "prompt": prefix, "suffix": suffix, "max_tokens": 8, "grammar": 'root ::= "a + b"'}
+        answer = (await client.post("completions", json=body)).json()
+        assert answer["choices"][0]["text"] == "a + b"
+        # BOS, the three FIM tokens, and the two texts
+        assert answer["usage"]["prompt_tokens"] == 1 + 3 + await count(prefix) + await count(suffix)
+        plain = (await client.post("completions", json={**body, "suffix": None})).json()
+        assert plain["usage"]["prompt_tokens"] == 1 + await count(prefix)
+    async with httpx.AsyncClient(base_url=formats_host.root, headers=formats_host.headers, timeout=120) as http:
+        generated = await http.post(
+            "api/generate",
+            json={"model": CODER, "prompt": prefix, "suffix": suffix, "stream": False, "options": {"num_predict": 3}},
+        )
+        assert generated.status_code == 200 and generated.json()["done"]
+        assert generated.json()["prompt_eval_count"] == answer["usage"]["prompt_tokens"]
