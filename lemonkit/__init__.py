@@ -16,58 +16,134 @@ server of this kernel, ``LEMONKIT_URL``, a running ``lemonkit serve``) or starts
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from lemonkit.api import (
-    align,
-    async_openai_client,
-    chat,
-    complete,
-    default_client,
-    edit_image,
-    embed,
-    generate_image,
-    health,
-    load,
-    models,
-    openai_client,
-    openai_url,
-    pull,
-    rerank,
-    speak,
-    stats,
-    structured,
-    transcribe,
-    unload,
-    upscale,
-    vary_image,
-    voice_chat,
-    voices,
-)
-from lemonkit.client import AsyncClient, Client, ServerUnavailable
-from lemonkit.conversation import Chat
-from lemonkit.errors import (
-    DownloadError,
-    DownloadStopped,
-    InvalidArgument,
-    InvalidRequest,
-    LemonkitError,
-    ModelLoadError,
-    ModelNotFound,
-    NotFound,
-    Unauthorized,
-)
-from lemonkit.images import Images
-from lemonkit.inference import Embeddings, StructuredOutputError
-from lemonkit.mapping import MapError, MapResult
-from lemonkit.mapping import map_items as map
-from lemonkit.provenance import ReplayResult, replay
-from lemonkit.results import ChatResult, ModelList, RankedDocument, Ranking
-from lemonkit.speech import AudioClip, Speech
-from lemonkit.transcripts import Segment, Transcript, Word
-from lemonkit.voice_chat_reply import VoiceChatReply
+from lemonkit._version import __version__
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:  # what type checkers and editors see; at run time each name is imported on first use
+    from lemonkit.api import (
+        align,
+        async_openai_client,
+        chat,
+        complete,
+        default_client,
+        edit_image,
+        embed,
+        generate_image,
+        health,
+        load,
+        models,
+        openai_client,
+        openai_url,
+        pull,
+        rerank,
+        speak,
+        stats,
+        structured,
+        transcribe,
+        unload,
+        upscale,
+        vary_image,
+        voice_chat,
+        voices,
+    )
+    from lemonkit.client import AsyncClient, Client, ServerUnavailable
+    from lemonkit.conversation import Chat
+    from lemonkit.errors import (
+        DownloadError,
+        DownloadStopped,
+        InvalidArgument,
+        InvalidRequest,
+        LemonkitError,
+        ModelLoadError,
+        ModelNotFound,
+        NotFound,
+        Unauthorized,
+    )
+    from lemonkit.images import Images
+    from lemonkit.inference import Embeddings, StructuredOutputError
+    from lemonkit.mapping import MapError, MapResult
+    from lemonkit.mapping import map_items as map
+    from lemonkit.provenance import ReplayResult, replay
+    from lemonkit.results import ChatResult, ModelList, RankedDocument, Ranking
+    from lemonkit.speech import AudioClip, Speech
+    from lemonkit.transcripts import Segment, Transcript, Word
+    from lemonkit.voice_chat_reply import VoiceChatReply
+    from lemonkit.widgets import (  # noqa: F401 - public, but not in __all__: a star import loads no widgets
+        ChatPanel,
+        DownloadBar,
+        ImagePanel,
+        ModelBrowser,
+        SpeechPanel,
+        TranscriptionPanel,
+    )
+
+#: public name -> (module, attribute): ``import lemonkit`` imports none of them, so a sidecar or a server that
+#: imports a core module never loads the notebook client, httpx or numpy (huggingface_hub's lazy root)
+_LAZY: dict[str, tuple[str, str]] = {
+    "align": ("lemonkit.api", "align"),
+    "async_openai_client": ("lemonkit.api", "async_openai_client"),
+    "chat": ("lemonkit.api", "chat"),
+    "complete": ("lemonkit.api", "complete"),
+    "default_client": ("lemonkit.api", "default_client"),
+    "edit_image": ("lemonkit.api", "edit_image"),
+    "embed": ("lemonkit.api", "embed"),
+    "generate_image": ("lemonkit.api", "generate_image"),
+    "health": ("lemonkit.api", "health"),
+    "load": ("lemonkit.api", "load"),
+    "models": ("lemonkit.api", "models"),
+    "openai_client": ("lemonkit.api", "openai_client"),
+    "openai_url": ("lemonkit.api", "openai_url"),
+    "pull": ("lemonkit.api", "pull"),
+    "rerank": ("lemonkit.api", "rerank"),
+    "speak": ("lemonkit.api", "speak"),
+    "stats": ("lemonkit.api", "stats"),
+    "structured": ("lemonkit.api", "structured"),
+    "transcribe": ("lemonkit.api", "transcribe"),
+    "unload": ("lemonkit.api", "unload"),
+    "upscale": ("lemonkit.api", "upscale"),
+    "vary_image": ("lemonkit.api", "vary_image"),
+    "voice_chat": ("lemonkit.api", "voice_chat"),
+    "voices": ("lemonkit.api", "voices"),
+    "AsyncClient": ("lemonkit.client", "AsyncClient"),
+    "Client": ("lemonkit.client", "Client"),
+    "ServerUnavailable": ("lemonkit.client", "ServerUnavailable"),
+    "Chat": ("lemonkit.conversation", "Chat"),
+    "DownloadError": ("lemonkit.errors", "DownloadError"),
+    "DownloadStopped": ("lemonkit.errors", "DownloadStopped"),
+    "InvalidArgument": ("lemonkit.errors", "InvalidArgument"),
+    "InvalidRequest": ("lemonkit.errors", "InvalidRequest"),
+    "LemonkitError": ("lemonkit.errors", "LemonkitError"),
+    "ModelLoadError": ("lemonkit.errors", "ModelLoadError"),
+    "ModelNotFound": ("lemonkit.errors", "ModelNotFound"),
+    "NotFound": ("lemonkit.errors", "NotFound"),
+    "Unauthorized": ("lemonkit.errors", "Unauthorized"),
+    "Images": ("lemonkit.images", "Images"),
+    "Embeddings": ("lemonkit.inference", "Embeddings"),
+    "StructuredOutputError": ("lemonkit.inference", "StructuredOutputError"),
+    "MapError": ("lemonkit.mapping", "MapError"),
+    "MapResult": ("lemonkit.mapping", "MapResult"),
+    "map": ("lemonkit.mapping", "map_items"),
+    "ReplayResult": ("lemonkit.provenance", "ReplayResult"),
+    "replay": ("lemonkit.provenance", "replay"),
+    "ChatResult": ("lemonkit.results", "ChatResult"),
+    "ModelList": ("lemonkit.results", "ModelList"),
+    "RankedDocument": ("lemonkit.results", "RankedDocument"),
+    "Ranking": ("lemonkit.results", "Ranking"),
+    "AudioClip": ("lemonkit.speech", "AudioClip"),
+    "Speech": ("lemonkit.speech", "Speech"),
+    "Segment": ("lemonkit.transcripts", "Segment"),
+    "Transcript": ("lemonkit.transcripts", "Transcript"),
+    "Word": ("lemonkit.transcripts", "Word"),
+    "VoiceChatReply": ("lemonkit.voice_chat_reply", "VoiceChatReply"),
+    "ChatPanel": ("lemonkit.widgets", "ChatPanel"),
+    "DownloadBar": ("lemonkit.widgets", "DownloadBar"),
+    "ImagePanel": ("lemonkit.widgets", "ImagePanel"),
+    "ModelBrowser": ("lemonkit.widgets", "ModelBrowser"),
+    "SpeechPanel": ("lemonkit.widgets", "SpeechPanel"),
+    "TranscriptionPanel": ("lemonkit.widgets", "TranscriptionPanel"),
+}
 
 __all__ = [
     "AsyncClient",
@@ -129,16 +205,18 @@ __all__ = [
 ]
 
 
-# -- widgets: imported on first use (anywidget and ipywidgets cost an import a server or script never needs) ----
-_WIDGETS = {"ChatPanel", "DownloadBar", "ImagePanel", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"}
-
-
 def __getattr__(name: str) -> Any:
-    if name in _WIDGETS:
-        from lemonkit import widgets
+    try:
+        module, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'lemonkit' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # the next lookup does not come here
+    return value
 
-        return getattr(widgets, name)
-    raise AttributeError(f"module 'lemonkit' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:

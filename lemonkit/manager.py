@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from lemonkit import llamacpp_builds, logs
+from lemonkit._version import __version__
 from lemonkit.backends import handoff, remote, sidecar_env
 from lemonkit.backends.base import NO_STATS, LoadSpec
 from lemonkit.backends.transport import connect
@@ -252,7 +253,6 @@ class ModelManager:
         await self._unload([model], reason="")
 
     def health(self) -> dict[str, Any]:
-        from lemonkit import __version__
 
         limit = self.settings.max_loaded_models
         return {

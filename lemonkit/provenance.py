@@ -42,7 +42,7 @@ class Clock:
 
 def build(route: str, body: dict[str, Any], headers: dict[str, str], clock: Clock, server_api: str) -> dict[str, Any]:
     """A result's provenance: the server's facts (from ``headers``) and the request's."""
-    from lemonkit import __version__
+    from lemonkit._version import __version__
 
     server = _server_facts(headers)
     return {

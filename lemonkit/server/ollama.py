@@ -23,7 +23,8 @@ from typing import Any
 
 import httpx
 
-from lemonkit import __version__, schemas
+from lemonkit import schemas
+from lemonkit._version import __version__
 from lemonkit.downloads import Job, progress_events
 from lemonkit.errors import (
     InvalidArgument,

@@ -17,6 +17,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from lemonkit._version import __version__
 from lemonkit.manager import LoadedModel
 
 __all__ = ["HEADER", "header_value"]
@@ -40,7 +41,6 @@ async def header_value(model: LoadedModel) -> str:
 
 
 def _describe(model: LoadedModel) -> dict[str, Any]:
-    from lemonkit import __version__
 
     info = model.info
     path = model.model_path
