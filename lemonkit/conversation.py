@@ -75,7 +75,7 @@ class Chat:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the conversation (model, system message, sampling, messages) to a JSON file, atomically."""
-        from lemonkit.hf_cache import atomic_write_json
+        from lemonkit.files import atomic_write_json
 
         data = {"model": self.model, "system": self.system, "sampling": self.sampling, "messages": self.messages}
         atomic_write_json(Path(path), data)

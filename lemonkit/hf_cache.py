@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
@@ -28,12 +27,11 @@ from typing import Any
 from urllib.parse import unquote
 
 from lemonkit.diffusers_layout import INDEX, diffusers_files
+from lemonkit.files import atomic_write_text
 
 __all__ = [
     "GGUF_RECIPES",
     "HubCache",
-    "atomic_write_json",
-    "atomic_write_text",
     "check_checkpoint",
     "check_repo_id",
     "checkpoint_files",
@@ -314,26 +312,6 @@ def read_json_object(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     return data
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``path`` through a temp file beside it and a rename: readers see the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 def stat_key(path: Path) -> tuple[int, int, int] | None:

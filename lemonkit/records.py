@@ -12,11 +12,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from lemonkit.files import atomic_write_text
 
 __all__ = ["Record", "find", "live_records", "local_url", "record_dir", "remove", "write"]
 
@@ -68,15 +69,7 @@ def write(url: str, key: str | None, kind: str = "standalone") -> Path:
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = directory / f"{_PREFIX}{os.getpid()}.json"
     body = json.dumps({"pid": os.getpid(), "url": url, "key": key, "kind": kind}, indent=1)
-    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")  # created 0600
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(body)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    atomic_write_text(path, body)  # its temp file is created 0600: the record holds the key
     return path
 
 

@@ -30,11 +30,11 @@ from typing import Any
 
 from lemonkit.bundled import BundledWeights
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotFound
+from lemonkit.files import atomic_write_json
 from lemonkit.gguf_header import read_gguf_context_length
 from lemonkit.hf_cache import (
     GGUF_RECIPES,
     HubCache,
-    atomic_write_json,
     default_hf_cache,
     is_local,
     local_path,

@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lemonkit.hf_cache import atomic_write_json, inside, read_json_object, safe_relpath
+from lemonkit.files import atomic_write_json
+from lemonkit.hf_cache import inside, read_json_object, safe_relpath
 
 __all__ = ["ResponseStore", "valid_id"]
 

@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from lemonkit import sse
 from lemonkit.backends import engine_class, handoff
 from lemonkit.backends.base import ROUTES, Binary, BinaryStream, Engine, LoadSpec, Upload
 from lemonkit.errors import BackendError, InvalidArgument, LemonkitError, ModelNotApplicable
@@ -49,7 +50,7 @@ def _error_response(exc: BaseException) -> JSONResponse:
 def _sse_error(exc: BaseException) -> bytes:
     err = exc if isinstance(exc, LemonkitError) else BackendError(f"{type(exc).__name__}: {exc}")
     body = {"error": {"message": err.message, "type": "backend_error", "code": err.code, "status_code": err.status}}
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+    return sse.frame(body)
 
 
 class _Head:
@@ -109,8 +110,8 @@ class _Stream:
                 for chunk in events:
                     if self.cancel.is_set():
                         return
-                    send(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-                send(b"data: [DONE]\n\n")
+                    send(sse.frame(chunk))
+                send(sse.DONE)
         except Exception as exc:
             self._put(exc)
         finally:

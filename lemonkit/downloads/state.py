@@ -15,7 +15,8 @@ from typing import Any
 from lemonkit.downloads.hub import RemoteFile
 from lemonkit.downloads.job import STOPPED, Plan
 from lemonkit.errors import LemonkitError, ModelNotFound
-from lemonkit.hf_cache import atomic_write_json, check_repo_id, hub_hash, read_json_object, stat_key
+from lemonkit.files import atomic_write_json
+from lemonkit.hf_cache import check_repo_id, hub_hash, read_json_object, stat_key
 from lemonkit.model_info import ModelInfo
 from lemonkit.registry import Registry
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from lemonkit import schemas
+from lemonkit import schemas, sse
 from lemonkit.errors import InvalidArgument, LemonkitError, MissingArgument, ModelNotApplicable
 from lemonkit.manager import LoadedModel
 from lemonkit.model_info import a_model_of
@@ -273,7 +273,7 @@ def chat_request(body: dict[str, Any], model_id: str) -> dict[str, Any]:
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
+    return sse.frame({"type": name, **data}, name)
 
 
 class _Blocks:

@@ -10,7 +10,7 @@ in the model's sidecar, never here; this module only reads a local file (off the
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import math
 import os
 import stat
@@ -20,10 +20,10 @@ from typing import Any
 
 import httpx
 
-from lemonkit import schemas
+from lemonkit import schemas, sse
 from lemonkit.audio import WHISPER_RATE
 from lemonkit.backends.base import Upload
-from lemonkit.errors import BackendError, Forbidden, InvalidArgument, InvalidRequest, MissingArgument
+from lemonkit.errors import Forbidden, InvalidArgument, InvalidRequest, LemonkitError, MissingArgument
 from lemonkit.hf_cache import in_allowed_dirs
 from lemonkit.manager import LoadedModel
 from lemonkit.server.base import error_event
@@ -311,17 +311,15 @@ class BatchTranscriptionHandler(TranscriptionHandler):
 
     async def _results(self, model: LoadedModel, upstream: httpx.Response) -> AsyncIterator[bytes]:
         try:
-            async for line in upstream.aiter_lines():
-                if line.startswith("data: {"):
-                    event = json.loads(line[6:])
+            async with contextlib.aclosing(self.sidecar_feed(model, upstream)) as events:
+                async for event in events:
+                    if event is None:
+                        yield sse.PING
+                        continue
                     if event.get("type") == "batch.transcription.result":
                         head = {k: event[k] for k in ("type", "index", "filename", "duration")}
                         event = {**head, **details(event)}
-                    yield b"data: " + json.dumps(event).encode() + b"\n\n"
-                elif line == "data: [DONE]" or line.startswith(":"):
-                    yield (line + "\n\n").encode()
-        except httpx.TransportError:
-            self.service.manager.discard(model)
-            yield error_event(BackendError(f"The engine of {model.name} stopped mid-stream", status=502))
-        finally:
-            await upstream.aclose()
+                    yield sse.frame(event)
+            yield sse.DONE
+        except LemonkitError as exc:
+            yield error_event(exc)

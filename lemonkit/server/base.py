@@ -21,7 +21,7 @@ import httpx
 from tornado import web, websocket
 from tornado.iostream import IOStream, StreamClosedError
 
-from lemonkit import schemas
+from lemonkit import schemas, sse
 from lemonkit.backends import handoff
 from lemonkit.backends.base import Upload
 from lemonkit.errors import (
@@ -348,22 +348,43 @@ class LemonkitHandler(_Base):
         finally:
             await response.aclose()
 
-    async def sidecar_events(
+    async def sidecar_feed(
         self, model: LoadedModel, response: httpx.Response
-    ) -> AsyncGenerator[dict[str, Any], None]:
-        """The JSON events of an SSE answer :meth:`sidecar_request` opened, as they arrive (for a caller that reads
-        them rather than passing them on). Close it (``contextlib.aclosing``) to end the sidecar's work early.
+    ) -> AsyncGenerator[dict[str, Any] | None, None]:
+        """The JSON events of an SSE answer :meth:`sidecar_request` opened, as they arrive, and None for each
+        keep-alive comment (a relay passes it on as :data:`lemonkit.sse.PING`). The one reader of sidecar streams,
+        so every route has the same error policy. Close it (``contextlib.aclosing``) to end the sidecar's work
+        early.
 
         Raises:
-            LemonkitError: The error event the sidecar sent, as the error it stands for (:func:`stream_error`).
-            BackendError: The sidecar died before the answer ended (it is discarded).
+            LemonkitError: The error event the sidecar sent, as the error it stands for (:func:`stream_error`):
+                each route writes it in its own API's error shape.
+            BackendError: The sidecar died, or its stream ended without ``[DONE]``, before the answer ended (a
+                502 naming the model; a dead sidecar is discarded, so the next request reloads it).
         """
+        done = False
         async with self._reading(model, response, "stopped mid-answer"):
             async for line in response.aiter_lines():
                 if line.startswith("data: {"):
                     event = json.loads(line[6:])
                     if "error" in event:
                         raise stream_error(event)
+                    yield event
+                elif line == "data: [DONE]":
+                    done = True
+                elif line.startswith(":"):
+                    yield None
+        if not done:
+            raise BackendError(f"The engine of {model.name} stopped mid-answer; retry to reload it", status=502)
+
+    async def sidecar_events(
+        self, model: LoadedModel, response: httpx.Response
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """:meth:`sidecar_feed` without the keep-alives, for a caller that reads the events rather than passing
+        them on."""
+        async with contextlib.aclosing(self.sidecar_feed(model, response)) as events:
+            async for event in events:
+                if event is not None:
                     yield event
 
     async def sidecar_frames(self, model: LoadedModel, response: httpx.Response) -> AsyncIterator[bytes]:
@@ -401,7 +422,7 @@ def stream_error(event: dict[str, Any]) -> LemonkitError:
 def error_event(err: LemonkitError) -> bytes:
     """The SSE frame that replaces the rest of a stream that failed after it started."""
     body = {"error": {"message": err.message, "type": err.type, "code": err.code, "status_code": err.status}}
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+    return sse.frame(body)
 
 
 def _sidecar_error(raw: bytes, status: int) -> LemonkitError:

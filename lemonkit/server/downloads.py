@@ -7,10 +7,10 @@ The work lives in :mod:`lemonkit.downloads`; these handlers validate, pick the j
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from lemonkit import sse
 from lemonkit.backends.remote import check_hosts
 from lemonkit.downloads import Job, progress_events
 from lemonkit.errors import (
@@ -166,9 +166,9 @@ class PullHandler(LemonkitHandler):
     async def _frames(self, job: Job) -> AsyncIterator[bytes]:
         async for event, data in progress_events(job, self.service.settings.ping_interval):
             if data is None:
-                yield b": ping\n\n"
+                yield sse.PING
             else:
-                yield f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+                yield sse.frame(data, event)
 
 
 class DownloadsHandler(LemonkitHandler):

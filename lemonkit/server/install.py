@@ -11,13 +11,13 @@ leave the environment broken.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable
 from typing import Any
 
 from tornado.concurrent import Future
 
+from lemonkit import sse
 from lemonkit.errors import LemonkitError
 from lemonkit.installer import LineSink
 from lemonkit.server.base import LemonkitHandler
@@ -28,7 +28,7 @@ log = logging.getLogger("lemonkit.server")
 
 
 def sse_event(name: str, data: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+    return sse.frame(data, name)
 
 
 def _retrieve(future: Future[None]) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from tornado import httputil, iostream, web
 
+from lemonkit import sse
 from lemonkit.audio import WHISPER_RATE, from_pcm
 from lemonkit.config import LiveLimits
 from lemonkit.errors import InvalidArgument, InvalidRequest, LemonkitError, MissingArgument, ModelNotApplicable
@@ -208,7 +209,7 @@ class SseOut:
         self.gone = False
 
     async def event(self, data: dict[str, Any]) -> None:
-        await self.frame(b"data: " + json.dumps(data).encode() + b"\n\n")
+        await self.frame(sse.frame(data))
 
     async def frame(self, data: bytes) -> None:
         await self.raw(b"%x\r\n%b\r\n" % (len(data), data))
@@ -393,7 +394,7 @@ class LiveTranscriptionHandler(LemonkitHandler):
             await out.frame(error_event(error))
         else:
             await out.event({"type": "transcript.text.done", "text": listener.text.text})
-            await out.frame(b"data: [DONE]\n\n")
+            await out.frame(sse.DONE)
         await out.end()
         return body.complete
 

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from lemonkit import sse
 from lemonkit.backends.base import Upload
 from lemonkit.backends.images.pictures import image_kind
 from lemonkit.errors import LemonkitError, ModelNotApplicable, ModelNotFound
@@ -150,7 +151,7 @@ class OmniChat:
             yield self._chunk({}, finish="stop")
         if (self.body.get("stream_options") or {}).get("include_usage"):
             yield _frame({**self._base("chat.completion.chunk"), "choices": [], "usage": self._usage()})
-        yield b"data: [DONE]\n\n"
+        yield sse.DONE
 
     def _base(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.info.id}
@@ -376,4 +377,4 @@ def _take(choice: dict[str, Any], answer: _Round) -> list[tuple[str, str]]:
 
 
 def _frame(data: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(data).encode() + b"\n\n"
+    return sse.frame(data)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
+import contextlib
 import math
 import secrets
 import struct
@@ -14,8 +14,9 @@ from typing import Any
 
 import httpx
 
+from lemonkit import sse
 from lemonkit.catalog import Support
-from lemonkit.errors import BackendError, InvalidArgument, ModelNotApplicable, NotEmbeddingModel, NotFound
+from lemonkit.errors import InvalidArgument, LemonkitError, ModelNotApplicable, NotEmbeddingModel, NotFound
 from lemonkit.manager import LoadedModel
 from lemonkit.model_info import a_model_of
 from lemonkit.registry import COLLECTION_OMNI, ModelInfo
@@ -174,30 +175,19 @@ class ResponsesHandler(InferenceHandler):
         chat: dict[str, Any],
     ) -> AsyncIterator[bytes]:
         try:
-            async for line in upstream.aiter_lines():
-                if line.startswith("data: {"):
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        yield (line + "\n\n").encode()
-                        return
-                    events = stream.feed(chunk)
-                elif line == "data: [DONE]":
-                    events = stream.finish()
-                    for name, data in events:
-                        if name == "response.completed":
-                            await self._store(body, chat, data["response"])
-                elif line.startswith(":"):
-                    yield (line + "\n\n").encode()
-                    continue
-                else:
-                    continue
-                yield b"".join(_event(name, data) for name, data in events)
-            yield b"data: [DONE]\n\n"
-        except httpx.TransportError:
-            self.service.manager.discard(model)
-            yield error_event(BackendError(f"The engine of {model.name} stopped mid-stream", status=502))
-        finally:
-            await upstream.aclose()
+            async with contextlib.aclosing(self.sidecar_feed(model, upstream)) as chunks:
+                async for chunk in chunks:
+                    if chunk is None:
+                        yield sse.PING
+                        continue
+                    yield b"".join(sse.frame(data, name) for name, data in stream.feed(chunk))
+            events = stream.finish()
+            for name, data in events:
+                if name == "response.completed":
+                    await self._store(body, chat, data["response"])
+            yield b"".join(sse.frame(data, name) for name, data in events) + sse.DONE
+        except LemonkitError as exc:
+            yield error_event(exc)
 
 
 class StoredResponseHandler(LemonkitHandler):
@@ -213,10 +203,6 @@ class StoredResponseHandler(LemonkitHandler):
         if not await asyncio.to_thread(self.service.responses.delete, self.caller.name, response_id):
             raise NotFound(f"No stored response with id {response_id!r}", code="response_not_found")
         self.write_json({"id": response_id, "object": "response", "deleted": True})
-
-
-def _event(name: str, data: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
 class EmbeddingsHandler(InferenceHandler):

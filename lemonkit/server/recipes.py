@@ -18,7 +18,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from lemonkit import recipes
+from lemonkit import recipes, sse
 from lemonkit.backends.base import Upload
 from lemonkit.errors import LemonkitError, ModelNotApplicable
 from lemonkit.model_info import a_model_of
@@ -149,7 +149,7 @@ class RecipeRunHandler(LemonkitHandler):
             async for event in events:
                 yield task_event({"type": "task.stream.event", "event": event})
             yield task_event({"type": "task.stream.done", "result": chat.result})
-            yield b"data: [DONE]\n\n"
+            yield sse.DONE
         except LemonkitError as exc:
             yield task_error_event(exc.message)
         except Exception:

@@ -17,19 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 from tornado.iostream import StreamClosedError
 
+from lemonkit import sse
 from lemonkit.errors import BackendError, InvalidArgument, LemonkitError, ModelNotApplicable, ModelNotFound
 from lemonkit.manager import LoadedModel
 from lemonkit.model_info import a_model_of
 from lemonkit.registry import ModelInfo
 from lemonkit.schemas import BOOL, OBJ, STR, Arr, Obj, Str
-from lemonkit.server.base import LemonkitHandler, stream_error
+from lemonkit.server.base import LemonkitHandler
 from lemonkit.server.openai import ModelRouteHandler
 from lemonkit.server.task_requests import TaskInput, read_task
 
@@ -59,7 +59,7 @@ _UNLOAD = Obj({"model_ids": Arr(STR)}, required=["model_ids"])
 
 def task_event(body: dict[str, Any]) -> bytes:
     """One frame of the tasks SSE envelope (``task.stream.event``, ``task.stream.done``, ``error``)."""
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+    return sse.frame(body)
 
 
 def task_error_event(message: str) -> bytes:
@@ -113,19 +113,12 @@ class TaskRunHandler(ModelRouteHandler):
     async def relay(self, model: LoadedModel, upstream: httpx.Response) -> AsyncIterator[bytes]:
         """A sidecar's task events as SSE frames; its error frame (or its death) becomes :func:`task_error_event`."""
         try:
-            async for line in upstream.aiter_lines():
-                if line.startswith("data: {"):
-                    if line.startswith('data: {"error"'):
-                        yield task_error_event(stream_error(json.loads(line[6:])).message)
-                        return
-                    yield (line + "\n\n").encode()
-                elif line == "data: [DONE]" or line.startswith(":"):
-                    yield (line + "\n\n").encode()
-        except httpx.TransportError:
-            self.service.manager.discard(model)
-            yield task_error_event(f"The engine of {model.name} stopped mid-stream; retry to reload it")
-        finally:
-            await upstream.aclose()
+            async with contextlib.aclosing(self.sidecar_feed(model, upstream)) as events:
+                async for event in events:
+                    yield sse.PING if event is None else sse.frame(event)
+            yield sse.DONE
+        except LemonkitError as exc:
+            yield task_error_event(exc.message)
 
 
 class TaskStreamHandler(TaskRunHandler):
