@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name i
         voice_chat,
         voices,
     )
-    from lemonkit.client import AsyncClient, Client, ServerUnavailable
+    from lemonkit.client import AsyncClient, Client
     from lemonkit.conversation import Chat
     from lemonkit.errors import (
         DownloadError,
@@ -59,10 +59,12 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name i
         ModelLoadError,
         ModelNotFound,
         NotFound,
+        ServerUnavailable,
+        StructuredOutputError,
         Unauthorized,
     )
     from lemonkit.images import Images
-    from lemonkit.inference import Embeddings, StructuredOutputError
+    from lemonkit.inference import Embeddings
     from lemonkit.mapping import MapError, MapResult
     from lemonkit.mapping import map_items as map
     from lemonkit.provenance import ReplayResult, replay
@@ -108,7 +110,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "voices": ("lemonkit.api", "voices"),
     "AsyncClient": ("lemonkit.client", "AsyncClient"),
     "Client": ("lemonkit.client", "Client"),
-    "ServerUnavailable": ("lemonkit.client", "ServerUnavailable"),
+    "ServerUnavailable": ("lemonkit.errors", "ServerUnavailable"),
     "Chat": ("lemonkit.conversation", "Chat"),
     "DownloadError": ("lemonkit.errors", "DownloadError"),
     "DownloadStopped": ("lemonkit.errors", "DownloadStopped"),
@@ -121,7 +123,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Unauthorized": ("lemonkit.errors", "Unauthorized"),
     "Images": ("lemonkit.images", "Images"),
     "Embeddings": ("lemonkit.inference", "Embeddings"),
-    "StructuredOutputError": ("lemonkit.inference", "StructuredOutputError"),
+    "StructuredOutputError": ("lemonkit.errors", "StructuredOutputError"),
     "MapError": ("lemonkit.mapping", "MapError"),
     "MapResult": ("lemonkit.mapping", "MapResult"),
     "map": ("lemonkit.mapping", "map_items"),

@@ -42,7 +42,7 @@ from httpx_sse import EventSource, ServerSentEvent
 from lemonkit import hub_discovery, records
 from lemonkit.audio_methods import AsyncAudioMethods, SyncAudioMethods
 from lemonkit.config import DEFAULT_PORT
-from lemonkit.errors import InvalidArgument, LemonkitError, RetryLater, error_from_body
+from lemonkit.errors import InvalidArgument, LemonkitError, RetryLater, ServerUnavailable, error_from_body
 from lemonkit.image_methods import AsyncImageMethods, SyncImageMethods
 from lemonkit.methods import AsyncMethods, SyncMethods
 
@@ -53,14 +53,6 @@ _PROBE_TIMEOUT = 3.0
 #: how long an embedded server may take to start listening
 _START_TIMEOUT = 120.0
 _TIMEOUT = httpx.Timeout(60.0, read=None)  # streams (pulls, generations) may be silent for long
-
-
-class ServerUnavailable(LemonkitError, ConnectionError):
-    """No lemonkit server could be reached (or started)."""
-
-    status = 503
-    type = "connection_error"
-    code = "server_unavailable"
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 
 from lemonkit.api import pull
-from lemonkit.client import Client, ServerUnavailable
-from lemonkit.errors import LemonkitError
+from lemonkit.client import Client
+from lemonkit.errors import LemonkitError, ServerUnavailable
 
 __all__ = ["COMMANDS", "add_parsers", "describe", "run", "status_lines"]
 

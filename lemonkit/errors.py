@@ -2,17 +2,59 @@
 
 Each class fixes the HTTP status, the OpenAI ``type`` and the spec's ``code``;
 handlers in both hosts turn any :class:`LemonkitError` into
-``{"error": {"message", "type", "code"}}`` with that status.
+``{"error": {"message", "type", "code"}}`` with that status. The classes, their statuses and the builtin each
+also is (so ``except ValueError`` still catches a bad request)::
+
+    LemonkitError 500
+        BackendError 500 (RuntimeError)
+        BackendUnavailable 503 (RuntimeError)
+        BodyError 500
+        DownloadError 502 (RuntimeError)
+        DownloadStopped 409
+        Forbidden 403 (PermissionError)
+            AdminRequired 403
+            ForbiddenHost 403
+            ForbiddenOrigin 403
+        HubServiceError 502 (ConnectionError)
+        InstallError 500 (RuntimeError)
+        InvalidRequest 400 (ValueError)
+            BackendNotInstalled 400
+            BackendUnsupported 400
+            InvalidArgument 400
+            InvalidJSON 400
+            MissingArgument 400
+            ModelLoadRefused 400
+            ModelNotApplicable 400
+            PrerequisitesMissing 400
+        ModelLoadError 500 (RuntimeError)
+        NotEmbeddingModel 501
+        NotFound 404 (LookupError)
+            ModelNotFound 404
+            ModelNotSupported 404
+        NotImplementedRoute 501
+        RetryLater 500
+            QueueFull 503
+            TooManyRequests 429
+        ServerUnavailable 503 (ConnectionError)
+        SlotsPinned 409
+        StructuredOutputError 502 (ValueError)
+        Unauthorized 401 (PermissionError)
+
+:class:`KernelsUnavailable` is the engine's own (not an API error).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lemonkit.results import ChatResult
 
 __all__ = [
     "AdminRequired",
     "BackendError",
     "BackendUnsupported",
+    "BodyError",
     "DownloadError",
     "DownloadStopped",
     "Forbidden",
@@ -23,6 +65,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidJSON",
     "InvalidRequest",
+    "KernelsUnavailable",
     "LemonkitError",
     "MissingArgument",
     "ModelLoadError",
@@ -35,7 +78,9 @@ __all__ = [
     "NotImplementedRoute",
     "QueueFull",
     "RetryLater",
+    "ServerUnavailable",
     "SlotsPinned",
+    "StructuredOutputError",
     "TooManyRequests",
     "Unauthorized",
     "error_from_body",
@@ -69,19 +114,27 @@ class LemonkitError(Exception):
 
 
 class InvalidRequest(LemonkitError, ValueError):
+    """The request cannot be served as sent (400): the base of every client mistake."""
+
     status = 400
     type = "invalid_request_error"
 
 
 class InvalidJSON(InvalidRequest):
+    """The body is not JSON (or not the JSON object the route reads)."""
+
     code = "invalid_json"
 
 
 class MissingArgument(InvalidRequest):
+    """A required field is absent."""
+
     code = "missing_argument"
 
 
 class InvalidArgument(InvalidRequest):
+    """A field has a value the route cannot take."""
+
     code = "invalid_argument"
 
 
@@ -92,6 +145,8 @@ class ModelNotApplicable(InvalidRequest):
 
 
 class ModelLoadRefused(InvalidRequest):
+    """The backend refuses the model as it is registered, before it starts anything (not a GGUF, say)."""
+
     code = "model_load_refused"
 
 
@@ -123,6 +178,8 @@ class BackendUnavailable(LemonkitError, RuntimeError):
 
 
 class Unauthorized(LemonkitError, PermissionError):
+    """No credential, or a wrong one (401)."""
+
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
@@ -184,26 +241,36 @@ class QueueFull(RetryLater):
 
 
 class NotFound(LemonkitError, LookupError):
+    """The thing the path or a field names does not exist (404)."""
+
     status = 404
     type = "not_found_error"
     code = "not_found"
 
 
 class ModelNotFound(NotFound):
+    """No registered model has that name."""
+
     code = "model_not_found"
 
 
 class ModelNotSupported(NotFound):
+    """The model is known but does not run on this machine."""
+
     code = "model_not_supported"
 
 
 class SlotsPinned(LemonkitError):
+    """Every slot is held by a pinned model: nothing can be evicted for this load (409)."""
+
     status = 409
     type = "conflict_error"
     code = "slots_pinned_error"
 
 
 class ModelLoadError(LemonkitError, RuntimeError):
+    """A model's engine could not load it (a broken file, too little memory, a failed backend)."""
+
     code = "model_load_error"
 
 
@@ -258,6 +325,40 @@ class HubServiceError(LemonkitError, ConnectionError):
 
     status = 502
     code = "hub_service_unavailable"
+
+
+class ServerUnavailable(LemonkitError, ConnectionError):
+    """No lemonkit server could be reached (or started): the Python client's error."""
+
+    status = 503
+    type = "connection_error"
+    code = "server_unavailable"
+
+
+class StructuredOutputError(LemonkitError, ValueError):
+    """The model's answer is not an instance of the schema (cut off by ``max_tokens``, say).
+
+    Attributes:
+        result: The answer as a :class:`~lemonkit.results.ChatResult` (None when rebuilt from an error body).
+    """
+
+    status = 502
+    type = "server_error"
+    code = "invalid_structured_output"
+
+    def __init__(self, message: str, result: ChatResult | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.result = result
+
+
+class BodyError(LemonkitError):
+    """A live transcription body broke a rule: an SSE ``error`` event ends the stream."""
+
+    type = "invalid_request_error"
+
+
+class KernelsUnavailable(RuntimeError):
+    """This llama.cpp build offers no reference (batch-invariant) mode to switch on: an engine-internal error."""
 
 
 def _classes(cls: type[LemonkitError]) -> list[type[LemonkitError]]:

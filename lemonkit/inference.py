@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from lemonkit import config
-from lemonkit.errors import LemonkitError
+from lemonkit.errors import StructuredOutputError
 from lemonkit.results import ChatResult, RankedDocument, Ranking
 
 __all__ = [
@@ -30,22 +30,6 @@ __all__ = [
 ]
 
 Messages = str | Sequence[dict[str, Any]]
-
-
-class StructuredOutputError(LemonkitError, ValueError):
-    """The model's answer is not an instance of the schema (cut off by ``max_tokens``, say).
-
-    Attributes:
-        result: The answer as a :class:`ChatResult`.
-    """
-
-    status = 502
-    type = "server_error"
-    code = "invalid_structured_output"
-
-    def __init__(self, message: str, result: ChatResult) -> None:
-        super().__init__(message)
-        self.result = result
 
 
 class Embeddings(np.ndarray):

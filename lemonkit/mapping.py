@@ -8,8 +8,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from lemonkit.client import Client, ServerUnavailable
-from lemonkit.errors import LemonkitError
+from lemonkit.client import Client
+from lemonkit.errors import LemonkitError, ServerUnavailable
 from lemonkit.results import ChatResult
 
 __all__ = ["MapError", "MapResult", "map_items"]

@@ -33,7 +33,14 @@ from tornado import httputil, iostream, web
 from lemonkit import sse
 from lemonkit.audio import WHISPER_RATE, from_pcm
 from lemonkit.config import LiveLimits
-from lemonkit.errors import InvalidArgument, InvalidRequest, LemonkitError, MissingArgument, ModelNotApplicable
+from lemonkit.errors import (
+    BodyError,
+    InvalidArgument,
+    InvalidRequest,
+    LemonkitError,
+    MissingArgument,
+    ModelNotApplicable,
+)
 from lemonkit.model_info import a_model_of
 from lemonkit.server.base import SSE_HEADERS, LemonkitHandler, as_lemonkit_error, error_event
 from lemonkit.server.utterance import SidecarTranscriber, SpeechInput, StableText
@@ -49,12 +56,6 @@ _PIECE = 64 * 1024
 #: (and take the unread answer with it) while the client is still sending
 _LINGER = 2.0
 _SAMPLE_BYTES = {"s16le": 2, "f32le": 4}
-
-
-class BodyError(LemonkitError):
-    """The live body broke a rule: an SSE ``error`` event ends the stream."""
-
-    type = "invalid_request_error"
 
 
 def _truncated() -> BodyError:

@@ -31,7 +31,7 @@ from lemonkit.backends.llamacpp.batch import parallel_context
 from lemonkit.backends.llamacpp.cpu_turns import CpuTurns, Turn, any_cores, on_cores
 from lemonkit.backends.llamacpp.devices import Device, gpu_devices, load_on
 from lemonkit.backends.llamacpp.generation import Generator, Job, Sampling, check_arg, top_logprobs
-from lemonkit.backends.llamacpp.kernels import KernelsUnavailable, reference_kernels
+from lemonkit.backends.llamacpp.kernels import reference_kernels
 from lemonkit.backends.llamacpp.sampler import ReasoningBudget
 from lemonkit.backends.llamacpp.shapes import (
     ChatPlan,
@@ -44,7 +44,14 @@ from lemonkit.backends.llamacpp.shapes import (
     completion_id,
 )
 from lemonkit.backends.llamacpp.vision import Vision, decode_data_url
-from lemonkit.errors import BackendUnavailable, InvalidArgument, ModelLoadError, ModelNotApplicable, NotEmbeddingModel
+from lemonkit.errors import (
+    BackendUnavailable,
+    InvalidArgument,
+    KernelsUnavailable,
+    ModelLoadError,
+    ModelNotApplicable,
+    NotEmbeddingModel,
+)
 from lemonkit.gguf_header import read_gguf_context_length, read_gguf_layout
 from lemonkit.llamacpp_args import parse_llamacpp_args
 from lemonkit.options import llamacpp_context_size

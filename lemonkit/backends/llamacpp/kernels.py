@@ -26,7 +26,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["KernelsUnavailable", "reference_kernels"]
+from lemonkit.errors import KernelsUnavailable
+
+__all__ = ["reference_kernels"]
 
 #: ``init_backend``'s place in ggml's ``struct ggml_backend_device_i`` (get_name, get_description, get_memory,
 #: get_type, get_props, init_backend, ...), the first member of ``struct ggml_backend_device``.
@@ -38,10 +40,6 @@ _CPU_DEVICE = 0  # GGML_BACKEND_DEVICE_TYPE_CPU
 _InitBackend = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)
 _lock = threading.Lock()
 _keep: list[Any] = []  # ctypes callbacks must outlive every backend they created
-
-
-class KernelsUnavailable(RuntimeError):
-    """This llama.cpp build offers no reference mode to switch on."""
 
 
 def _libs() -> tuple[Any, Any, Any]:
