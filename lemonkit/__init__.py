@@ -88,7 +88,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "async_openai_client": ("lemonkit.api", "async_openai_client"),
     "chat": ("lemonkit.api", "chat"),
     "complete": ("lemonkit.api", "complete"),
-    "default_client": ("lemonkit.api", "default_client"),
+    "default_client": ("lemonkit.client", "default_client"),
     "edit_image": ("lemonkit.api", "edit_image"),
     "embed": ("lemonkit.api", "embed"),
     "generate_image": ("lemonkit.api", "generate_image"),

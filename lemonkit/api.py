@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from lemonkit.audio_methods import AudioInput
-from lemonkit.client import Client, Event
+from lemonkit.client import Client, Event, default_client
 from lemonkit.errors import DownloadError, error_from_body
 from lemonkit.image_methods import Size
 from lemonkit.images import ImageInput, Images
@@ -51,18 +50,6 @@ __all__ = [
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-_lock = threading.Lock()
-_client: Client | None = None
-
-
-def default_client() -> Client:
-    """The client the module-level functions use: it finds (or starts) its server at its first request."""
-    global _client
-    with _lock:
-        if _client is None:
-            _client = Client()
-        return _client
 
 
 def pull(

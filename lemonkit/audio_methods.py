@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lemonkit import audio, config, inference, provenance
+from lemonkit import audio, config, provenance
 from lemonkit.errors import InvalidArgument
+from lemonkit.health import loaded_model
 from lemonkit.speech import AudioClip, Speech
 from lemonkit.transcripts import Transcript
 from lemonkit.voice_chat_reply import VoiceChatOptions, VoiceChatReply
@@ -140,7 +141,7 @@ def voices_of(answer: dict[str, Any]) -> list[str]:
 def _model(health: dict[str, Any], kind: str) -> str:
     """``model=None``: the loaded model of ``kind`` (``transcription``/``tts``), else the bundled default."""
     default = config.default_transcription_model() if kind == "transcription" else config.default_speech_model()
-    return inference.loaded_model(health, kind) or default
+    return loaded_model(health, kind) or default
 
 
 def task_body(

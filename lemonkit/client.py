@@ -46,7 +46,7 @@ from lemonkit.errors import InvalidArgument, LemonkitError, RetryLater, ServerUn
 from lemonkit.image_methods import AsyncImageMethods, SyncImageMethods
 from lemonkit.methods import AsyncMethods, SyncMethods
 
-__all__ = ["AsyncClient", "Client", "Event", "Server", "ServerUnavailable", "locate"]
+__all__ = ["AsyncClient", "Client", "Event", "Server", "ServerUnavailable", "default_client", "locate"]
 
 #: how long a probe of a candidate server may take before the next candidate is tried
 _PROBE_TIMEOUT = 3.0
@@ -617,3 +617,17 @@ class AsyncClient(_Base, AsyncMethods, AsyncAudioMethods, AsyncImageMethods):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+_default_lock = threading.Lock()
+_default: Client | None = None
+
+
+def default_client() -> Client:
+    """The client the module-level functions use (``lemonkit.chat()``...): one per process, made at the first
+    call; it finds (or starts) its server at its first request."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Client()
+        return _default

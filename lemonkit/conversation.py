@@ -42,7 +42,7 @@ class Chat:
 
     @property
     def client(self) -> Client:
-        from lemonkit.api import default_client
+        from lemonkit.client import default_client
 
         return self._client or default_client()
 

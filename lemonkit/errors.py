@@ -45,10 +45,7 @@ also is (so ``except ValueError`` still catches a bad request)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from lemonkit.results import ChatResult
+from typing import Any
 
 __all__ = [
     "AdminRequired",
@@ -346,7 +343,7 @@ class StructuredOutputError(LemonkitError, ValueError):
     type = "server_error"
     code = "invalid_structured_output"
 
-    def __init__(self, message: str, result: ChatResult | None = None, **kwargs: Any) -> None:
+    def __init__(self, message: str, result: Any = None, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.result = result
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from lemonkit import config
 from lemonkit.errors import StructuredOutputError
+from lemonkit.health import loaded_model
 from lemonkit.results import ChatResult, RankedDocument, Ranking
 
 __all__ = [
@@ -23,7 +24,6 @@ __all__ = [
     "chat_body",
     "completion_body",
     "embeddings",
-    "loaded_model",
     "parse_structured",
     "ranking",
     "schema_format",
@@ -39,14 +39,6 @@ class Embeddings(np.ndarray):
 
     def __array_finalize__(self, obj: Any) -> None:
         self.provenance = getattr(obj, "provenance", {})
-
-
-def loaded_model(health: dict[str, Any], kind: str) -> str | None:
-    """The loaded model of type ``kind`` (``"llm"``, ``"embedding"``, ``"reranking"``): the last used first."""
-    loaded = [m["model_name"] for m in health.get("all_models_loaded") or [] if m.get("type") == kind]
-    if health.get("model_loaded") in loaded:
-        return str(health["model_loaded"])
-    return loaded[0] if loaded else None
 
 
 def default_model(health: dict[str, Any], kind: str) -> str:

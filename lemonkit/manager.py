@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from lemonkit import llamacpp_builds, logs
+from lemonkit import caller, llamacpp_builds, logs
 from lemonkit._version import __version__
 from lemonkit.backends import handoff, remote, sidecar_env
 from lemonkit.backends.base import NO_STATS, LoadSpec
@@ -57,7 +57,6 @@ from lemonkit.options import (
 )
 from lemonkit.placement import MiB, context_limit, estimate, host_estimate
 from lemonkit.registry import ModelInfo, Registry
-from lemonkit.server import caller
 from lemonkit.system_info import backend_status, detect_devices, llamacpp_backends
 
 __all__ = ["MODEL_TYPES", "RECIPE_OPTIONS", "LoadedModel", "ModelManager"]
@@ -416,7 +415,7 @@ class ModelManager:
     @contextlib.asynccontextmanager
     async def use(self, name: str, *, ctx_size: int | None = None, metered: bool = True) -> AsyncIterator[LoadedModel]:
         """Hold ``name`` loaded for the duration of one request, loading it on first use, once the caller (the
-        request's :data:`lemonkit.server.caller.current`) is admitted and has their turn at it (see
+        request's :data:`lemonkit.caller.current`) is admitted and has their turn at it (see
         :mod:`lemonkit.fairness`).
 
         Args:

@@ -146,7 +146,7 @@ def map_items(
     """
     from tqdm.auto import tqdm
 
-    from lemonkit.api import default_client
+    from lemonkit.client import default_client
 
     inputs = _items(items)
     task = _task(fn_or_prompt_template, client or default_client(), **sampling)

@@ -108,7 +108,7 @@ def replay(result: ChatResult, *, client: Client | None = None) -> ReplayResult:
         >>> lemonkit.replay(r).matched
         True
     """
-    from lemonkit.api import default_client
+    from lemonkit.client import default_client
 
     request = result.provenance.get("request")
     route = result.provenance.get("route")

@@ -17,8 +17,8 @@ from typing import Any
 
 from lemonkit import config
 from lemonkit.backends.tasks import ARTIFACT_KINDS
+from lemonkit.bodies import decode_base64
 from lemonkit.errors import InvalidArgument, InvalidRequest, MissingArgument
-from lemonkit.server.bodies import decode_base64
 
 __all__ = [
     "HISTORY_ARTIFACT",

@@ -226,7 +226,7 @@ class Transcript:
         Example:
             >>> lemonkit.transcribe("talk.wav").plot().savefig("timing.png")
         """
-        from lemonkit.widgets.plots import word_timing
+        from lemonkit.plots import word_timing
 
         return word_timing(self, ax)
 

@@ -24,6 +24,8 @@ from tornado.iostream import IOStream, StreamClosedError
 from lemonkit import schemas, sse
 from lemonkit.backends import handoff
 from lemonkit.backends.base import Upload
+from lemonkit.bodies import parse_json
+from lemonkit.caller import OWNER, Caller, current
 from lemonkit.errors import (
     AdminRequired,
     BackendError,
@@ -34,8 +36,6 @@ from lemonkit.errors import (
     RetryLater,
     error_from_body,
 )
-from lemonkit.server.bodies import parse_json
-from lemonkit.server.caller import OWNER, Caller, current
 from lemonkit.server.service import SETTINGS_KEY, Service
 
 if TYPE_CHECKING:

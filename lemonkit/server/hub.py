@@ -29,12 +29,12 @@ from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuth
 from tornado import web, websocket
 from tornado.httpserver import HTTPServer
 
+from lemonkit.caller import Caller
 from lemonkit.config import Settings
 from lemonkit.errors import Forbidden, ForbiddenOrigin, Unauthorized
 from lemonkit.logs import redact_logs
 from lemonkit.server import routes
 from lemonkit.server.base import LemonkitHandler
-from lemonkit.server.caller import Caller
 from lemonkit.server.service import SETTINGS_KEY, Service
 
 __all__ = [

@@ -19,10 +19,10 @@ from typing import Any
 from tornado.websocket import WebSocketClosedError
 
 from lemonkit.audio import WHISPER_RATE, from_pcm
+from lemonkit.bodies import parse_json
 from lemonkit.errors import InvalidArgument, InvalidJSON, LemonkitError, MissingArgument, ModelNotApplicable
 from lemonkit.model_info import a_model_of
 from lemonkit.server.base import LemonkitWebSocket
-from lemonkit.server.bodies import parse_json
 from lemonkit.server.utterance import SidecarTranscriber, SpeechInput, new_id
 from lemonkit.vad import VadSettings
 

@@ -6,6 +6,7 @@ import asyncio
 import threading
 
 from lemonkit import accelerators, logs
+from lemonkit.caller import current, tag_callers
 from lemonkit.catalog import SupportPolicy
 from lemonkit.config import Settings
 from lemonkit.downloads import DownloadManager
@@ -14,7 +15,6 @@ from lemonkit.installer import Installer
 from lemonkit.manager import ModelManager
 from lemonkit.registry import ModelInfo, Registry
 from lemonkit.response_store import ResponseStore
-from lemonkit.server.caller import current, tag_callers
 
 __all__ = ["SETTINGS_KEY", "Service"]
 
@@ -65,7 +65,7 @@ class Service:
 
     async def install(self, models: list[ModelInfo]) -> None:
         """Download ``models`` that a load or a first use needs: the one check of every model route that only a
-        shared server's admins may start a download (see :class:`~lemonkit.server.caller.Caller`).
+        shared server's admins may start a download (see :class:`~lemonkit.caller.Caller`).
 
         Raises:
             AdminRequired: A shared server's user who is not an admin (before any download starts).

@@ -17,7 +17,7 @@ from tornado.iostream import StreamClosedError
 
 from lemonkit import config
 from lemonkit.backends.tts import response_format, streaming_mode
-from lemonkit.inference import loaded_model
+from lemonkit.health import loaded_model
 from lemonkit.manager import LoadedModel
 from lemonkit.server.base import LemonkitHandler
 from lemonkit.server.openai import InferenceHandler, ModelRouteHandler

@@ -20,9 +20,9 @@ from typing import Any
 from lemonkit.audio import UndecodableAudio
 from lemonkit.backends.base import Upload
 from lemonkit.backends.tasks import ARTIFACT_KINDS
+from lemonkit.bodies import decode_base64
 from lemonkit.errors import InvalidArgument, MissingArgument
 from lemonkit.server.audio import read_allowed_file
-from lemonkit.server.bodies import decode_base64
 
 __all__ = ["MAX_ARTIFACT_BYTES", "MAX_VOICE_REF_BYTES", "TaskInput", "as_text", "read_task"]
 

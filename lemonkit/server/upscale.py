@@ -14,10 +14,10 @@ import asyncio
 from typing import Any
 
 from lemonkit.backends.base import Upload
+from lemonkit.bodies import decode_base64
 from lemonkit.errors import ModelNotApplicable
 from lemonkit.manager import LoadedModel
 from lemonkit.registry import ModelInfo
-from lemonkit.server.bodies import decode_base64
 from lemonkit.server.openai import ModelRouteHandler
 
 __all__ = ["UPSCALING_RECIPES", "UpscaleHandler", "decode_base64"]

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from lemonkit.errors import BackendError, MissingArgument, error_from_body
-from lemonkit.inference import loaded_model
+from lemonkit.health import loaded_model
 from lemonkit.manager import LoadedModel
 from lemonkit.server.openai import InferenceHandler, ModelRouteHandler
 

@@ -1,6 +1,6 @@
 """Notebook widgets (anywidget): the model browser, a download bar, a chat panel, the transcription and speech
 panels, the image panel, and the pieces they share (:mod:`~lemonkit.widgets.base`, :mod:`~lemonkit.widgets.progress`,
-:mod:`~lemonkit.widgets.picker` and ``static/shared.js``); matplotlib figures in :mod:`~lemonkit.widgets.plots`.
+:mod:`~lemonkit.widgets.picker` and ``static/shared.js``); matplotlib figures in :mod:`~lemonkit.plots`.
 
 Every server call goes through :class:`lemonkit.Client` in the kernel: the page never holds a token. The panels are
 imported on first use, so that ``Transcript.plot()`` in plain ``python`` imports neither anywidget nor IPython.

@@ -106,7 +106,7 @@ class TranscriptionPanel(_AudioPanel):
         return self.transcribe(buffers[0], str(media_type), name=str(name))
 
     def _transcribe(self, data: bytes) -> Transcript:
-        from lemonkit.widgets.plots import png
+        from lemonkit.plots import png
 
         try:
             transcript = self.client.transcribe(data, self.model, language=self.language)
