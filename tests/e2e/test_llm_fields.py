@@ -7,6 +7,7 @@ import json
 
 import httpx
 from conftest import TINY, Host
+from streams import sse_events
 
 HELLO = [{"role": "user", "content": "hello"}]
 WEATHER = {
@@ -23,16 +24,6 @@ def _literal(text: str) -> str:
     return "root ::= " + json.dumps(text)
 
 
-async def _sse(client: httpx.AsyncClient, path: str, body: dict) -> list[dict]:
-    chunks = []
-    async with client.stream("POST", path, json={**body, "stream": True}) as response:
-        assert response.status_code == 200, await response.aread()
-        async for line in response.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(json.loads(line[6:]))
-    return chunks
-
-
 async def test_chat_n_choices(host: Host) -> None:
     body = {"model": TINY, "messages": HELLO, "n": 3, "max_tokens": 6, "temperature": 1.0, "seed": 11}
     async with host.client() as client:
@@ -43,7 +34,7 @@ async def test_chat_n_choices(host: Host) -> None:
         assert whole["usage"]["completion_tokens"] <= 18
         assert whole["usage"]["completion_tokens"] > 6  # all three choices counted
         # streamed, each choice has its role, its deltas and its finish; the same seeds give the same texts
-        chunks = await _sse(client, "chat/completions", body)
+        chunks = await sse_events(client, "chat/completions", body)
         streamed = ["", "", ""]
         finished = set()
         roles = set()

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import API_KEY, Host, Standalone
+from streams import sse_events
 from tool_format_cases import ARGUMENTS, CASES, WEATHER, Case, history
 
 from lemonkit.backends.chat import FORMATS
@@ -90,16 +91,6 @@ def formats_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
     server.stop()
 
 
-async def _sse(client: httpx.AsyncClient, path: str, body: dict) -> list[dict]:
-    events = []
-    async with client.stream("POST", path, json={**body, "stream": True}) as response:
-        assert response.status_code == 200, await response.aread()
-        async for line in response.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                events.append(json.loads(line[6:]))
-    return events
-
-
 def _body(case: Case, **extra: object) -> dict:
     body: dict = {
         "model": _name(case),
@@ -125,7 +116,7 @@ def _check_id(case: Case, call_id: str) -> None:
 async def test_chat_stream_parses_the_family_format(formats_host: Host, case: Case) -> None:
     async with formats_host.client() as client:
         body = _body(case, grammar=await _steer(client, case), logprobs=True)
-        chunks = await _sse(client, "chat/completions", body)
+        chunks = await sse_events(client, "chat/completions", body)
         parts = [p for c in chunks for ch in c["choices"] for p in ch["delta"].get("tool_calls") or []]
         head, rest = parts[0], parts[1:]
         assert head["function"] == {"name": "get_weather", "arguments": ""} and head["type"] == "function"
@@ -163,7 +154,7 @@ async def test_every_api_streams_the_call(formats_host: Host) -> None:
         )
         assert loaded.status_code == 200, loaded.text
         # OpenAI Responses: an output item for the call, then its arguments in deltas
-        events = await _sse(client, "responses", {"model": model, "input": ask, "tools": [_response_tool()]})
+        events = await sse_events(client, "responses", {"model": model, "input": ask, "tools": [_response_tool()]})
         kinds = [e["type"] for e in events]
         added = next(
             e for e in events if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"
@@ -174,7 +165,7 @@ async def test_every_api_streams_the_call(formats_host: Host) -> None:
         assert kinds.index("response.output_item.added") < kinds.index("response.function_call_arguments.delta")
         # Anthropic: a tool_use block, its input in input_json_delta pieces
         anthropic_tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
-        events = await _sse(
+        events = await sse_events(
             client, "messages", {"model": model, "max_tokens": 800, "messages": ask, "tools": [anthropic_tool]}
         )
         start = next(

@@ -288,6 +288,7 @@ class Section:
     ``rest`` is the text that followed it. ``failed``: it turned out not to be a call (``raw`` is its text)."""
 
     close: str | None = None  # the marker that ends the section, if the format has one
+    initial: str = ""  # the state a section starts in
 
     def __init__(self, opener: str, tools: ToolSpec | None) -> None:
         self.opener = opener
@@ -298,6 +299,8 @@ class Section:
         self.done = False
         self.failed = False
         self.calls = 0
+        self.n_args = 0  # arguments written of the open call (formats that spell them one by one)
+        self.state = self.initial
 
     def feed(self, text: str, *, final: bool = False) -> list[Event]:
         self.buf += text
@@ -333,9 +336,26 @@ class Section:
         self.failed = self.done = True
         return False
 
+    def _to(self, i: int, state: str | None = None) -> bool:
+        """Move on to ``i`` (and ``state``): a step was taken, run again."""
+        self.i = i
+        if state is not None:
+            self.state = state
+        return True
+
     def _name(self, name: str) -> None:
         self.calls += 1
+        self.n_args = 0
         self.out.append(("tool_name", name))
+
+    def _arg(self, key: str, value: str) -> None:
+        """One argument of the open call, as JSON: the object opens with the first (``value`` may be only the
+        opening quote of a string that streams on)."""
+        self._args(("{" if self.n_args == 0 else ", ") + json.dumps(key, ensure_ascii=False) + ": " + value)
+        self.n_args += 1
+
+    def _end_args(self) -> None:
+        self._args("}" if self.n_args else "{}")
 
     def _args(self, piece: str) -> None:
         if piece:
@@ -400,9 +420,7 @@ class JsonCalls(Section):
             self.sent = stop - self.scan.start
             if end is None:
                 return False
-            self.i = end
-            self.state = "close_object"
-            return True
+            return self._to(end, "close_object")
         if self.state == "close_object":
             if i >= len(buf):
                 return False
@@ -431,9 +449,7 @@ class JsonCalls(Section):
                 return self._fail()
             self._name(call["name"])
             self._args(call["arguments"])
-            self.i = end
-            self.state = "between"
-            return True
+            return self._to(end, "between")
         # between calls
         if i >= len(buf):
             if final or self.in_list:
@@ -441,15 +457,12 @@ class JsonCalls(Section):
             return False
         c = buf[i]
         if c in ",;":
-            self.i = i + 1
-            return True
+            return self._to(i + 1)
         if c == "]" and self.in_list:
             self.i = i + 1
             return self._end_marker(final)
         if c == "{":
-            self.i = i
-            self.state = "object"
-            return True
+            return self._to(i, "object")
         self.i = i
         return self._end_marker(final)
 
@@ -484,9 +497,7 @@ class JsonCalls(Section):
         if buf[j] == "}":  # a call without arguments
             self._name(name[0])
             self._args("{}")
-            self.i = j + 1
-            self.state = "between"
-            return True
+            return self._to(j + 1, "between")
         if buf[j] != ",":
             return self._fail()
         j = _skip_ws(buf, j + 1)
@@ -515,17 +526,13 @@ class JsonCalls(Section):
             except ValueError:
                 args = None
             self._args(json.dumps(args, ensure_ascii=False) if isinstance(args, dict) else s[0])
-            self.i = s[1]
-            self.state = "close_object"
-            return True
+            return self._to(s[1], "close_object")
         if buf[j] != "{":
             return self._fail()
         self._name(name[0])
         self.scan = _JsonEnd(j)
         self.sent = 0
-        self.i = j
-        self.state = "args"
-        return True
+        return self._to(j, "args")
 
     def _whole(self, i: int) -> bool:
         self.scan = _JsonEnd(i)
@@ -564,9 +571,7 @@ class NamedJson(Section):
             if not name or any(c in name for c in "{}[]<>\n"):
                 return self._fail()
             self._name(name)
-            self.i = j + len(self.sep)
-            self.state = "args_start"
-            return True
+            return self._to(j + len(self.sep), "args_start")
         if self.state == "args_start":
             j = _skip_ws(buf, self.i)
             if buf.startswith("[CALL_ID]", j):  # Mistral Small 3.2 writes an id before [ARGS]
@@ -578,14 +583,10 @@ class NamedJson(Section):
                 return False
             if buf[j] != "{":
                 self._args("{}")
-                self.i = j
-                self.state = "after"
-                return True
+                return self._to(j, "after")
             self.scan = _JsonEnd(j)
             self.sent = 0
-            self.i = j
-            self.state = "args"
-            return True
+            return self._to(j, "args")
         if self.state == "args":
             assert self.scan is not None
             end = self.scan.scan(buf)
@@ -594,9 +595,7 @@ class NamedJson(Section):
             self.sent = stop - self.scan.start
             if end is None:
                 return False
-            self.i = end
-            self.state = "after"
-            return True
+            return self._to(end, "after")
         return self._after(final)
 
     def _after(self, final: bool) -> bool:
@@ -637,9 +636,7 @@ class DeepSeekCalls(NamedJson):
             if not hit:
                 self.i = j
                 return self._end_marker(final) if self.calls else self._fail()
-            self.i = j + len(DS_CALL_BEGIN)
-            self.state = "ds_name"
-            return True
+            return self._to(j + len(DS_CALL_BEGIN), "ds_name")
         if self.state == "ds_name":
             # R1: "function<sep>NAME\n```json\n{..}\n```"; V3.1: "NAME<sep>{..}"
             j = buf.find(DS_SEP, self.i)
@@ -695,7 +692,6 @@ class XmlCalls(Section):
         self.call_close = close if glm else "</function>"
         self.state = "function"
         self.name = ""
-        self.n_params = 0
         self.key = ""
         self.streaming = False
         self.vstart = 0
@@ -728,14 +724,14 @@ class XmlCalls(Section):
                 self.i = k + 1
             if not _NAME.fullmatch(name) or (self.glm and self.tools is not None and name not in self.tools.params):
                 return self._fail()  # GLM's bare name is taken only when it names a tool: else it is text
-            self.name, self.n_params = name, 0
+            self.name = name
             self._name(name)
             self.state = "param"
             return True
         if self.state == "param":
             j = _skip_ws(buf, self.i)
             if _partial(buf, j, self.call_close) is True:
-                self._args("}" if self.n_params else "{}")
+                self._end_args()
                 self.i = j + len(self.call_close)
                 self.state = "function"
                 if self.glm:
@@ -750,9 +746,7 @@ class XmlCalls(Section):
             if k < 0:
                 return False if not final else self._close_call()
             self.key = buf[j + len(self.key_open) : k].strip()
-            self.i = k + len(self.key_close)
-            self.state = "value_open"
-            return True
+            return self._to(k + len(self.key_close), "value_open")
         if self.state == "value_open":
             j = self.i
             if self.value_open:
@@ -769,13 +763,10 @@ class XmlCalls(Section):
                 return False
             kind = self._param_type(self.name, self.key)
             self.streaming = kind == "string"
-            lead = ("{" if self.n_params == 0 else ", ") + json.dumps(self.key, ensure_ascii=False) + ": "
-            self.n_params += 1
-            self._args(lead + ('"' if self.streaming else ""))
+            if self.streaming:
+                self._arg(self.key, '"')
             self.vstart = self.sent = j
-            self.i = j
-            self.state = "value"
-            return True
+            return self._to(j, "value")
         if self.state == "value":
             enders = (self.value_close, self.key_open, self.call_close)
             hits = [k for k in (buf.find(e, self.vstart) for e in enders) if k >= 0]
@@ -793,14 +784,12 @@ class XmlCalls(Section):
             if self.streaming:
                 self._args(json.dumps(buf[self.sent : value_end], ensure_ascii=False)[1:-1] + '"')
             else:
-                self._args(_json_value(buf[self.vstart : value_end]))
-            self.i = end + len(self.value_close) if buf.startswith(self.value_close, end) else end
-            self.state = "param"
-            return True
+                self._arg(self.key, _json_value(buf[self.vstart : value_end]))
+            return self._to(end + len(self.value_close) if buf.startswith(self.value_close, end) else end, "param")
         return False
 
     def _close_call(self) -> bool:
-        self._args("}" if self.n_params else "{}")
+        self._end_args()
         self.state = "function"
         self.done = True
         return False
@@ -809,7 +798,7 @@ class XmlCalls(Section):
         if self.state == "value":
             self._step(True)
         if self.state == "param":
-            self._args("}" if self.n_params else "{}")
+            self._end_args()
 
     def _end_marker(self, final: bool) -> bool:
         return super()._end_marker(final)
@@ -824,15 +813,21 @@ def _json_value(text: str) -> str:
         return json.dumps(text, ensure_ascii=False)
 
 
-class TaggedCalls(Section):
-    """What follows ``<tool_call>``: JSON (Hermes), ``<function=`` (Qwen3-Coder) or a bare name (GLM), told apart
-    by its first characters, so a model that writes another family's body inside the tags still works."""
-
-    close = "</tool_call>"
+class _Sniffing(Section):
+    """A section whose first characters tell which parser reads it (:meth:`_choose`); that parser then reads it."""
 
     def __init__(self, opener: str, tools: ToolSpec | None) -> None:
         super().__init__(opener, tools)
         self.inner: Section | None = None
+
+    def _choose(self, head: str, final: bool) -> Section | None:
+        """The parser for a body starting ``head`` (None: too little text to tell yet)."""
+        raise NotImplementedError
+
+    def _settle(self, final: bool) -> None:
+        """The inner section ended: take over where it stopped."""
+        assert self.inner is not None
+        self.buf, self.i = self.inner.buf, self.inner.i
 
     def feed(self, text: str, *, final: bool = False) -> list[Event]:
         if self.inner is None:
@@ -840,30 +835,14 @@ class TaggedCalls(Section):
             j = _skip_ws(self.buf, 0)
             if j >= len(self.buf) and not final:
                 return []
-            head = self.buf[j : j + len("<function=")]
-            if head[:1] in ("{", "["):
-                self.inner = JsonCalls(self.opener, self.tools, self.close)
-            elif "<function=".startswith(head) and not final and len(head) < len("<function="):
+            self.inner = self._choose(self.buf[j:], final)
+            if self.inner is None:
                 return []
-            elif head == "<function=":
-                self.inner = XmlCalls(self.opener, self.tools, self.close, glm=False)
-            else:
-                self.inner = XmlCalls(self.opener, self.tools, self.close, glm=True)
             text, self.buf = self.buf, ""
         out = self.inner.feed(text, final=final)
         self.done, self.failed = self.inner.done, self.inner.failed
-        if self.inner.done and not self.inner.failed and isinstance(self.inner, XmlCalls) and not self.inner.glm:
-            # Qwen3-Coder closes the function, then the tag
-            rest = self.inner.rest
-            j = _skip_ws(rest, 0)
-            if rest[j:].startswith(self.close):
-                rest = rest[j + len(self.close) :]
-            elif self.close.startswith(rest[j:]) and not final:
-                self.done = False
-                return out
-            self.buf, self.i = rest, 0
-        elif self.inner.done:
-            self.buf, self.i = self.inner.buf, self.inner.i
+        if self.done:
+            self._settle(final)
         return out
 
     @property
@@ -874,16 +853,43 @@ class TaggedCalls(Section):
         return False
 
 
+class TaggedCalls(_Sniffing):
+    """What follows ``<tool_call>``: JSON (Hermes), ``<function=`` (Qwen3-Coder) or a bare name (GLM), told apart
+    by its first characters, so a model that writes another family's body inside the tags still works."""
+
+    close = "</tool_call>"
+
+    def _choose(self, head: str, final: bool) -> Section | None:
+        if head[:1] in ("{", "["):
+            return JsonCalls(self.opener, self.tools, self.close)
+        if head.startswith("<function="):
+            return XmlCalls(self.opener, self.tools, self.close, glm=False)
+        if "<function=".startswith(head) and not final:
+            return None
+        return XmlCalls(self.opener, self.tools, self.close, glm=True)
+
+    def _settle(self, final: bool) -> None:
+        inner = self.inner
+        assert inner is not None
+        if inner.failed or not isinstance(inner, XmlCalls) or inner.glm:
+            super()._settle(final)
+            return
+        rest = inner.rest  # Qwen3-Coder closes the function, then the tag
+        j = _skip_ws(rest, 0)
+        if rest[j:].startswith(self.close):
+            rest = rest[j + len(self.close) :]
+        elif self.close.startswith(rest[j:]) and not final:
+            self.done = False  # the tag may still come
+            return
+        self.buf, self.i = rest, 0
+
+
 class PythonCalls(Section):
     """LFM2's ``[name(key="v", n=1), other()]``: each keyword argument is read as a Python literal and written out
     as JSON as soon as it is complete."""
 
     close = "<|tool_call_end|>"
-
-    def __init__(self, opener: str, tools: ToolSpec | None) -> None:
-        super().__init__(opener, tools)
-        self.state = "start"
-        self.n_args = 0
+    initial = "start"
 
     def _step(self, final: bool) -> bool:
         buf = self.buf
@@ -891,13 +897,10 @@ class PythonCalls(Section):
         if j >= len(buf):
             return False
         if self.state == "start":
-            self.i = j + 1 if buf[j] == "[" else j
-            self.state = "call"
-            return True
+            return self._to(j + 1 if buf[j] == "[" else j, "call")
         if self.state == "call":
             if buf[j] in ",":
-                self.i = j + 1
-                return True
+                return self._to(j + 1)
             if buf[j] == "]":
                 self.i = j + 1
                 return self._end_marker(final)
@@ -910,19 +913,13 @@ class PythonCalls(Section):
             if buf[k] != "(":
                 return self._fail()
             self._name(m.group(0))
-            self.n_args = 0
-            self.i = k + 1
-            self.state = "arg"
-            return True
+            return self._to(k + 1, "arg")
         # arg: key=value, or ")" ends the call
         if buf[j] == ")":
-            self._args("}" if self.n_args else "{}")
-            self.i = j + 1
-            self.state = "call"
-            return True
+            self._end_args()
+            return self._to(j + 1, "call")
         if buf[j] == ",":
-            self.i = j + 1
-            return True
+            return self._to(j + 1)
         m = re.compile(r"([A-Za-z_]\w*)\s*=\s*").match(buf, j)
         if m is None:
             return False if re.fullmatch(r"[A-Za-z_]\w*\s*", buf[j:]) else self._broken()
@@ -934,20 +931,17 @@ class PythonCalls(Section):
             piece = json.dumps(value, ensure_ascii=False)
         except (ValueError, SyntaxError, TypeError):
             piece = json.dumps(buf[m.end() : end].strip(), ensure_ascii=False)
-        lead = "{" if self.n_args == 0 else ", "
-        self._args(lead + json.dumps(m.group(1)) + ": " + piece)
-        self.n_args += 1
-        self.i = end
-        return True
+        self._arg(m.group(1), piece)
+        return self._to(end)
 
     def _broken(self) -> bool:
-        self._args("}" if self.n_args else "{}")
+        self._end_args()
         self.done = True
         return False
 
     def _finish(self) -> None:
         if self.state == "arg":
-            self._args("}" if self.n_args else "{}")
+            self._end_args()
 
 
 class GemmaCalls(Section):
@@ -955,11 +949,7 @@ class GemmaCalls(Section):
     JSON-like; each argument goes out as JSON once complete."""
 
     close = "<tool_call|>"
-
-    def __init__(self, opener: str, tools: ToolSpec | None) -> None:
-        super().__init__(opener, tools)
-        self.state = "call"
-        self.n_args = 0
+    initial = "call"
 
     def _step(self, final: bool) -> bool:
         buf = self.buf
@@ -981,18 +971,12 @@ class GemmaCalls(Section):
             if not name:
                 return self._fail()
             self._name(name)
-            self.n_args = 0
-            self.i = k + 1
-            self.state = "arg"
-            return True
+            return self._to(k + 1, "arg")
         if buf[j] == "}":
-            self._args("}" if self.n_args else "{}")
-            self.i = j + 1
-            self.state = "end"
-            return True
+            self._end_args()
+            return self._to(j + 1, "end")
         if buf[j] == ",":
-            self.i = j + 1
-            return True
+            return self._to(j + 1)
         k = buf.find(":", j)
         if k < 0:
             return False
@@ -1001,14 +985,12 @@ class GemmaCalls(Section):
         if end is None:
             return False
         piece = _gemma_value(buf[k + 1 : end])
-        self._args(("{" if self.n_args == 0 else ", ") + json.dumps(key, ensure_ascii=False) + ": " + piece)
-        self.n_args += 1
-        self.i = end
-        return True
+        self._arg(key, piece)
+        return self._to(end)
 
     def _finish(self) -> None:
         if self.state == "arg":
-            self._args("}" if self.n_args else "{}")
+            self._end_args()
 
 
 def _gemma_value_end(buf: str, i: int) -> int | None:
@@ -1072,37 +1054,14 @@ def section_for(fmt: ChatFormat, opener: str, tools: ToolSpec | None) -> Section
     raise ValueError(f"no section parser for {opener!r}")  # pragma: no cover - FORMATS and this table agree
 
 
-class _MistralCalls(Section):
+class _MistralCalls(_Sniffing):
     """``[TOOL_CALLS]`` then a JSON list (Mistral Nemo, Small 3.1) or ``NAME[ARGS]{..}`` (Devstral, Small 3.2,
     Magistral), told apart by the first character."""
 
-    def __init__(self, opener: str, tools: ToolSpec | None) -> None:
-        super().__init__(opener, tools)
-        self.inner: Section | None = None
-
-    def feed(self, text: str, *, final: bool = False) -> list[Event]:
-        if self.inner is None:
-            self.buf += text
-            j = _skip_ws(self.buf, 0)
-            if j >= len(self.buf) and not final:
-                return []
-            self.inner = (
-                JsonCalls(self.opener, self.tools)
-                if self.buf[j : j + 1] in ("[", "{")
-                else NamedJson(self.opener, self.tools, "[ARGS]")
-            )
-            text, self.buf = self.buf, ""
-        out = self.inner.feed(text, final=final)
-        self.done, self.failed = self.inner.done, self.inner.failed
-        self.buf, self.i = self.inner.buf, self.inner.i
-        return out
-
-    @property
-    def raw(self) -> str:
-        return self.opener + (self.inner.buf if self.inner is not None else self.buf)
-
-    def _step(self, final: bool) -> bool:  # pragma: no cover - feed is overridden
-        return False
+    def _choose(self, head: str, final: bool) -> Section | None:
+        if head[:1] in ("[", "{"):
+            return JsonCalls(self.opener, self.tools)
+        return NamedJson(self.opener, self.tools, "[ARGS]")
 
 
 # ----------------------------------------------------------------------------- harmony (gpt-oss)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lemonkit.backends.base import Cancelled
 from lemonkit.backends.chat import ForcedToolStream, ToolSpec, make_parser, new_call_id
@@ -33,6 +33,8 @@ __all__ = [
     "completion_chunks",
     "completion_id",
 ]
+
+T = TypeVar("T")
 
 #: ``(text, logprob)`` per generated token, as the generator yields them
 Tokens = Iterator[tuple[str, "Logprob | None"]]
@@ -252,12 +254,24 @@ def chat_choices(
     """The deltas of every choice (``n`` jobs of one prompt), tagged with its index; fills ``runs`` in index order.
     Up to ``window`` choices generate at once, stepped together by the batch."""
 
-    def source(index: int, gone: Cancelled) -> Iterator[Delta]:
-        run = Run(t_start=t_start if index == 0 else time.perf_counter())
-        runs.append(run)
+    def deltas(index: int, run: Run, gone: Cancelled) -> Iterator[Delta]:
         return chat_deltas(generate(jobs[index], run, gone), plan, run, token_bytes)
 
-    return interleave([partial(source, i) for i in range(len(jobs))], window, cancelled)
+    return interleave(_sources(len(jobs), t_start, runs, deltas), window, cancelled)
+
+
+def _sources(
+    n: int, t_start: float, runs: list[Run], make: Callable[[int, Run, Cancelled], Iterator[T]]
+) -> list[Callable[[Cancelled], Iterator[T]]]:
+    """The ``n`` generations of one request for :func:`interleave`: each gets its :class:`Run` (appended to
+    ``runs`` as it starts, so in index order), the first timed from the request's start."""
+
+    def source(index: int, gone: Cancelled) -> Iterator[T]:
+        run = Run(t_start=t_start if index == 0 else time.perf_counter())
+        runs.append(run)
+        return make(index, run, gone)
+
+    return [partial(source, i) for i in range(n)]
 
 
 def _chat_usage(runs: list[Run]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -425,13 +439,11 @@ def completion_chunks(
     in index order. Up to ``window`` jobs generate at once (the batch steps them together), so their chunks
     interleave. The last chunk carries the usage and timings of all."""
 
-    def source(index: int, gone: Cancelled) -> Iterator[dict[str, Any]]:
-        run = Run(t_start=t_start if index == 0 else time.perf_counter())
-        runs.append(run)
+    def chunks(index: int, run: Run, gone: Cancelled) -> Iterator[dict[str, Any]]:
         return _job_chunks(base, index, jobs[index], run, echo, generate, token_bytes, gone)
 
     ended = 0
-    for _, chunk in interleave([partial(source, i) for i in range(len(jobs))], window, cancelled):
+    for _, chunk in interleave(_sources(len(jobs), t_start, runs, chunks), window, cancelled):
         if chunk["choices"][0]["finish_reason"] is not None:
             ended += 1
             if ended == len(jobs):
