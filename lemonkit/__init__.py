@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name i
         voice_chat,
         voices,
     )
+    from lemonkit.api_requests import Embeddings
     from lemonkit.client import AsyncClient, Client
     from lemonkit.conversation import Chat
     from lemonkit.errors import (
@@ -64,9 +65,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name i
         Unauthorized,
     )
     from lemonkit.images import Images
-    from lemonkit.inference import Embeddings
-    from lemonkit.mapping import MapError, MapResult
-    from lemonkit.mapping import map_items as map
+    from lemonkit.map_items import MapError, MapResult
+    from lemonkit.map_items import map_items as map
     from lemonkit.provenance import ReplayResult, replay
     from lemonkit.results import ChatResult, ModelList, RankedDocument, Ranking
     from lemonkit.speech import AudioClip, Speech
@@ -122,11 +122,11 @@ _LAZY: dict[str, tuple[str, str]] = {
     "NotFound": ("lemonkit.errors", "NotFound"),
     "Unauthorized": ("lemonkit.errors", "Unauthorized"),
     "Images": ("lemonkit.images", "Images"),
-    "Embeddings": ("lemonkit.inference", "Embeddings"),
+    "Embeddings": ("lemonkit.api_requests", "Embeddings"),
     "StructuredOutputError": ("lemonkit.errors", "StructuredOutputError"),
-    "MapError": ("lemonkit.mapping", "MapError"),
-    "MapResult": ("lemonkit.mapping", "MapResult"),
-    "map": ("lemonkit.mapping", "map_items"),
+    "MapError": ("lemonkit.map_items", "MapError"),
+    "MapResult": ("lemonkit.map_items", "MapResult"),
+    "map": ("lemonkit.map_items", "map_items"),
     "ReplayResult": ("lemonkit.provenance", "ReplayResult"),
     "replay": ("lemonkit.provenance", "replay"),
     "ChatResult": ("lemonkit.results", "ChatResult"),

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
+from lemonkit.api_requests import Embeddings, Messages
 from lemonkit.audio_methods import AudioInput
 from lemonkit.client import Client, Event, default_client
 from lemonkit.errors import DownloadError, error_from_body
 from lemonkit.image_methods import Size
 from lemonkit.images import ImageInput, Images
-from lemonkit.inference import Embeddings, Messages
 from lemonkit.results import ChatResult, ModelList, Ranking
 from lemonkit.speech import Speech
 from lemonkit.transcripts import Transcript

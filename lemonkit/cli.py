@@ -203,7 +203,7 @@ class _Demo:
         threading.Thread(target=self._run, args=(port,), daemon=True).start()
 
     def _run(self, port: int) -> None:
-        from lemonkit.records import local_url
+        from lemonkit.server_records import local_url
 
         try:
             self._answer(local_url(self.host, port))

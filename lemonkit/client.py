@@ -9,7 +9,7 @@ built without a URL finds its server at the first request, taking the first of:
    through the hub's REST API with this user's ``JUPYTERHUB_API_TOKEN`` (see :mod:`lemonkit.hub_discovery`);
 3. the Jupyter server this kernel belongs to, with its token (JupyterHub's API token when it has none);
 4. a ``lemonkit serve`` of this user, the one on port 13305 first, found through its record in Jupyter's runtime
-   directory (with its key; see :mod:`lemonkit.records`): a server no record vouches for, such as another
+   directory (with its key; see :mod:`lemonkit.server_records`): a server no record vouches for, such as another
    user's on a shared machine, is never used;
 5. an embedded standalone server started in the background on a free port, with a random key, that exits with
    this process (it watches its stdin).
@@ -39,12 +39,12 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource, ServerSentEvent
 
-from lemonkit import hub_discovery, records
+from lemonkit import hub_discovery, server_records
 from lemonkit.audio_methods import AsyncAudioMethods, SyncAudioMethods
+from lemonkit.chat_methods import AsyncMethods, SyncMethods
 from lemonkit.config import DEFAULT_PORT
 from lemonkit.errors import InvalidArgument, LemonkitError, RetryLater, ServerUnavailable, error_from_body
 from lemonkit.image_methods import AsyncImageMethods, SyncImageMethods
-from lemonkit.methods import AsyncMethods, SyncMethods
 
 __all__ = ["AsyncClient", "Client", "Event", "Server", "ServerUnavailable", "default_client", "locate"]
 
@@ -142,7 +142,7 @@ def _answers(server: Server) -> bool:
 
 def _recorded(token: str | None) -> Server | None:
     """This user's recorded ``lemonkit serve`` (the one on the default port first), if it answers."""
-    record = records.find(DEFAULT_PORT)
+    record = server_records.find(DEFAULT_PORT)
     if record is None:
         return None
     server = Server(api_root(record.url), record.key or token, "standalone")
@@ -384,7 +384,7 @@ class Client(_Base, SyncMethods, SyncAudioMethods, SyncImageMethods):
     """A synchronous client of one lemonkit server.
 
     Besides the management calls here, it has the Python API's methods (``chat``, ``complete``, ``structured``,
-    ``embed``, ``rerank``, ``models``, ``stats``: see :class:`lemonkit.methods.SyncMethods`; ``transcribe``,
+    ``embed``, ``rerank``, ``models``, ``stats``: see :class:`lemonkit.chat_methods.SyncMethods`; ``transcribe``,
     ``align``, ``speak``, ``voices``: see :class:`lemonkit.audio_methods.SyncAudioMethods`; ``generate_image``,
     ``edit_image``, ``vary_image``, ``upscale``: see :class:`lemonkit.image_methods.SyncImageMethods`), which the module
     functions (``lemonkit.chat``, ...) call on :func:`lemonkit.default_client`.

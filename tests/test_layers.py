@@ -60,14 +60,15 @@ LAYERS: dict[str, int] = {
     ),
     **dict.fromkeys(("backends", "downloads", "recipes"), ENGINES),
     **dict.fromkeys(
-        ("manager", "fairness", "installer", "response_store", "records", "voice_pipeline", "hub_discovery"), SERVING
+        ("manager", "fairness", "installer", "response_store", "server_records", "voice_pipeline", "hub_discovery"),
+        SERVING,
     ),
     "server": SIDES,
     **dict.fromkeys(
         (
             "client",
-            "inference",
-            "methods",
+            "api_requests",
+            "chat_methods",
             "audio_methods",
             "image_methods",
             "results",
@@ -79,7 +80,7 @@ LAYERS: dict[str, int] = {
             "plots",
             "provenance",
             "conversation",
-            "mapping",
+            "map_items",
         ),
         SIDES,
     ),

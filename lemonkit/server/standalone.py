@@ -14,7 +14,7 @@ from tornado import web, websocket
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from lemonkit import records
+from lemonkit import server_records
 from lemonkit.config import DEFAULT_PORT, Settings
 from lemonkit.errors import Unauthorized
 from lemonkit.logs import redact_logs
@@ -172,7 +172,9 @@ async def serve(
     if preload:
         await service.manager.load((await service.usable(preload)).id)
     kind = "embedded" if until_stdin_closes else "standalone"
-    record = await asyncio.to_thread(records.write, records.local_url(host, bound), service.settings.api_key, kind)
+    record = await asyncio.to_thread(
+        server_records.write, server_records.local_url(host, bound), service.settings.api_key, kind
+    )
     log.info("lemonkit serving on http://%s:%s/api/v1", host, bound)
     if ready is not None:
         ready(bound)
@@ -185,6 +187,6 @@ async def serve(
     try:
         await stop.wait()
     finally:
-        records.remove(record)
+        server_records.remove(record)
         server.stop()
         await service.close()

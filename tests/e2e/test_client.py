@@ -155,7 +155,7 @@ def test_serve_records_itself_until_it_stops(tmp_path: Path, monkeypatch: pytest
 
 def test_stale_and_unvouched_records_are_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import lemonkit.client
-    from lemonkit import records
+    from lemonkit import server_records
 
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
     monkeypatch.delenv("LEMONKIT_URL", raising=False)
@@ -173,8 +173,8 @@ def test_stale_and_unvouched_records_are_not_used(tmp_path: Path, monkeypatch: p
             lemonkit.client.locate(start=False)
         assert not stale.exists() and elsewhere.exists()  # the dead process's record is removed
         # this process listens on the port, but its record leads to no lemonkit server: not used either
-        records.write(f"http://127.0.0.1:{port}", None)
-        assert [r.pid for r in records.live_records()] == [os.getpid()]
+        server_records.write(f"http://127.0.0.1:{port}", None)
+        assert [r.pid for r in server_records.live_records()] == [os.getpid()]
         with pytest.raises(ServerUnavailable):
             lemonkit.client.locate(start=False)
 
@@ -183,7 +183,7 @@ def test_stale_and_unvouched_records_are_not_used(tmp_path: Path, monkeypatch: p
 @pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="needs a Python every user may run")
 def test_another_users_server_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import lemonkit.client
-    from lemonkit import records
+    from lemonkit import server_records
 
     # "nobody" serves /live on a port, as another user's `lemonkit serve` on the default port would
     script = textwrap.dedent(
@@ -213,7 +213,7 @@ def test_another_users_server_is_never_used(tmp_path: Path, monkeypatch: pytest.
         # nor does a record of ours naming that process (its pid reused, say): it is not this user's
         record = tmp_path / f"lemonkit-{other.pid}.json"
         record.write_text(json.dumps({"pid": other.pid, "url": f"http://127.0.0.1:{port}", "key": None}))
-        assert list(records.live_records()) == []
+        assert list(server_records.live_records()) == []
         with pytest.raises(ServerUnavailable):
             lemonkit.client.locate(start=False)
     finally:

@@ -16,7 +16,7 @@ import pytest
 from conftest import EMBED, HF_CACHE, RERANK, TEST_REPO, TINY, TINY_B, Host
 
 import lemonkit
-from lemonkit import inference
+from lemonkit import api_requests
 from lemonkit.client import AsyncClient, Client
 from lemonkit.errors import NotEmbeddingModel
 
@@ -123,7 +123,7 @@ async def test_embed_and_rerank(host: Host) -> None:
         vectors = client.embed(texts)
         one = client.embed("a cat sat")
         ranked = client.rerank("cats", texts)  # model=None: the downloaded reranking model
-        by_vectors = inference.cosine_ranking(client.embed(["a cat sat", *texts]), texts, EMBED)
+        by_vectors = api_requests.cosine_ranking(client.embed(["a cat sat", *texts]), texts, EMBED)
         return vectors, one, ranked, by_vectors
 
     vectors, one, ranked, by_vectors = await _in_thread(host, calls)

@@ -9,7 +9,7 @@ one decode thread generates them together.
 - :mod:`~lemonkit.backends.llamacpp.batch`: the decode thread, its slots, chunked prefill and per-slot prompt caches;
 - :mod:`~lemonkit.backends.llamacpp.sampler`: one sequence's sampler (grammar last) and logprobs;
 - :mod:`~lemonkit.backends.llamacpp.vision`: the mmproj and prompts with images;
-- :mod:`~lemonkit.backends.llamacpp.shapes`: OpenAI answers and chunks built from generated tokens.
+- :mod:`~lemonkit.backends.llamacpp.answers`: OpenAI answers and chunks built from generated tokens.
 
 Flag strings (``llamacpp_args``) are parsed by :mod:`lemonkit.llamacpp_args`; prompts are rendered and outputs
 parsed by :mod:`lemonkit.backends.chat`. Nothing here imports llama_cpp until an engine is created.

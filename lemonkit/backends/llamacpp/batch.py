@@ -35,8 +35,8 @@ from lemonkit.backends.llamacpp.sampler import SeqSampler
 from lemonkit.backends.llamacpp.step_costs import StepCosts
 
 if TYPE_CHECKING:
+    from lemonkit.backends.llamacpp.answers import Run
     from lemonkit.backends.llamacpp.generation import Job
-    from lemonkit.backends.llamacpp.shapes import Run
     from lemonkit.backends.llamacpp.vision import Vision
 
 __all__ = ["Batcher", "End", "Seq", "parallel_context"]

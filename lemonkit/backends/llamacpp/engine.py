@@ -27,13 +27,7 @@ from lemonkit.backends.chat import (
     tool_system_prompt,
     with_system,
 )
-from lemonkit.backends.llamacpp.batch import parallel_context
-from lemonkit.backends.llamacpp.cpu_turns import CpuTurns, Turn, any_cores, on_cores
-from lemonkit.backends.llamacpp.devices import Device, gpu_devices, load_on
-from lemonkit.backends.llamacpp.generation import Generator, Job, Sampling, check_arg, top_logprobs
-from lemonkit.backends.llamacpp.kernels import reference_kernels
-from lemonkit.backends.llamacpp.sampler import ReasoningBudget
-from lemonkit.backends.llamacpp.shapes import (
+from lemonkit.backends.llamacpp.answers import (
     ChatPlan,
     Run,
     chat_choices,
@@ -43,6 +37,12 @@ from lemonkit.backends.llamacpp.shapes import (
     completion_chunks,
     completion_id,
 )
+from lemonkit.backends.llamacpp.batch import parallel_context
+from lemonkit.backends.llamacpp.cpu_turns import CpuTurns, Turn, any_cores, on_cores
+from lemonkit.backends.llamacpp.devices import Device, gpu_devices, load_on
+from lemonkit.backends.llamacpp.generation import Generator, Job, Sampling, check_arg, top_logprobs
+from lemonkit.backends.llamacpp.kernels import reference_kernels
+from lemonkit.backends.llamacpp.sampler import ReasoningBudget
 from lemonkit.backends.llamacpp.vision import Vision, decode_data_url
 from lemonkit.errors import (
     BackendUnavailable,

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from lemonkit.backends.base import Cancelled
 from lemonkit.backends.chat import StopMatcher
+from lemonkit.backends.llamacpp.answers import Run
 from lemonkit.backends.llamacpp.batch import Batcher, End
 from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores
 from lemonkit.backends.llamacpp.sampler import ReasoningBudget
-from lemonkit.backends.llamacpp.shapes import Run
 from lemonkit.errors import InvalidArgument
 from lemonkit.metrics import GenerationTotals
 

@@ -10,9 +10,9 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from lemonkit import inference, provenance
+from lemonkit import api_requests, provenance
+from lemonkit.api_requests import Embeddings, Messages
 from lemonkit.display import stream_view
-from lemonkit.inference import Embeddings, Messages
 from lemonkit.results import ChatAccumulator, ChatResult, ModelList, Ranking
 
 if TYPE_CHECKING:
@@ -93,9 +93,9 @@ class SyncMethods:
             >>> result = lemonkit.Client().chat("Explain entropy in two sentences", max_tokens=80)
             >>> result.text, result.usage["completion_tokens"]
         """
-        body = inference.chat_body(
+        body = api_requests.chat_body(
             prompt_or_messages,
-            model or inference.default_model(self.health(), "llm"),
+            model or api_requests.default_model(self.health(), "llm"),
             stream=stream,
             system=system,
             tools=tools,
@@ -122,8 +122,8 @@ class SyncMethods:
         Example:
             >>> lemonkit.Client().complete("The printing press", max_tokens=20, stream=False).text
         """
-        model = model or inference.default_model(self.health(), "llm")
-        return self.run("completions", inference.completion_body(prompt, model, stream=stream, sampling=sampling))
+        model = model or api_requests.default_model(self.health(), "llm")
+        return self.run("completions", api_requests.completion_body(prompt, model, stream=stream, sampling=sampling))
 
     def run(self, route: str, body: dict[str, Any]) -> ChatResult:
         """Send a prepared ``chat/completions`` or ``completions`` body (what :func:`lemonkit.replay` reruns).
@@ -166,8 +166,8 @@ class SyncMethods:
             >>> lemonkit.Client().structured("The largest city in France, as JSON.", City, max_tokens=60)
             City(name='Paris', population=2100000)
         """
-        result = self.chat(prompt, model, stream=False, response_format=inference.schema_format(schema), **sampling)
-        return inference.parse_structured(result, schema)
+        result = self.chat(prompt, model, stream=False, response_format=api_requests.schema_format(schema), **sampling)
+        return api_requests.parse_structured(result, schema)
 
     def embed(self, texts: str | Sequence[str], model: str | None = None) -> Embeddings:
         """Embed texts.
@@ -189,10 +189,10 @@ class SyncMethods:
             (2, 384)
         """
         inputs = [texts] if isinstance(texts, str) else list(texts)
-        body = {"model": model or inference.default_model(self.health(), "embedding"), "input": inputs}
+        body = {"model": model or api_requests.default_model(self.health(), "embedding"), "input": inputs}
         clock, headers = provenance.Clock(), dict[str, str]()
         answer = self.request("POST", "embeddings", json=body, headers_out=headers)
-        return inference.embeddings(answer, provenance.build("embeddings", body, headers, clock, self.server.api))
+        return api_requests.embeddings(answer, provenance.build("embeddings", body, headers, clock, self.server.api))
 
     def rerank(self, query: str, documents: Sequence[str], model: str | None = None) -> Ranking:
         """Rank documents by relevance to a query, best first.
@@ -218,12 +218,12 @@ class SyncMethods:
             'a cat'
         """
         docs = list(documents)
-        model = model or inference.reranking_model(self.models(all=True), self.health())
+        model = model or api_requests.reranking_model(self.models(all=True), self.health())
         if model is None:
             vectors = self.embed([query, *docs])
-            return inference.cosine_ranking(vectors, docs, str(vectors.provenance.get("model")))
+            return api_requests.cosine_ranking(vectors, docs, str(vectors.provenance.get("model")))
         answer = self.request("POST", "rerank", json={"model": model, "query": query, "documents": docs})
-        return inference.ranking(answer, docs, model)
+        return api_requests.ranking(answer, docs, model)
 
     def models(self, all: bool = False, *, show_all: bool | None = None) -> ModelList:
         """The models: the downloaded ones, or with ``all`` every registered one.
@@ -294,9 +294,9 @@ class AsyncMethods:
         **sampling: Any,
     ) -> ChatResult:
         """See :meth:`SyncMethods.chat`."""
-        body = inference.chat_body(
+        body = api_requests.chat_body(
             prompt_or_messages,
-            model or inference.default_model(await self.health(), "llm"),
+            model or api_requests.default_model(await self.health(), "llm"),
             stream=stream,
             system=system,
             tools=tools,
@@ -309,8 +309,10 @@ class AsyncMethods:
         self, prompt: str, model: str | None = None, *, stream: bool = True, **sampling: Any
     ) -> ChatResult:
         """See :meth:`SyncMethods.complete`."""
-        model = model or inference.default_model(await self.health(), "llm")
-        return await self.run("completions", inference.completion_body(prompt, model, stream=stream, sampling=sampling))
+        model = model or api_requests.default_model(await self.health(), "llm")
+        return await self.run(
+            "completions", api_requests.completion_body(prompt, model, stream=stream, sampling=sampling)
+        )
 
     async def run(self, route: str, body: dict[str, Any]) -> ChatResult:
         """See :meth:`SyncMethods.run`."""
@@ -328,28 +330,28 @@ class AsyncMethods:
 
     async def structured(self, prompt: Messages, schema: Any, model: str | None = None, **sampling: Any) -> Any:
         """See :meth:`SyncMethods.structured`."""
-        response_format = inference.schema_format(schema)
+        response_format = api_requests.schema_format(schema)
         result = await self.chat(prompt, model, stream=False, response_format=response_format, **sampling)
-        return inference.parse_structured(result, schema)
+        return api_requests.parse_structured(result, schema)
 
     async def embed(self, texts: str | Sequence[str], model: str | None = None) -> Embeddings:
         """See :meth:`SyncMethods.embed`."""
         inputs = [texts] if isinstance(texts, str) else list(texts)
-        body = {"model": model or inference.default_model(await self.health(), "embedding"), "input": inputs}
+        body = {"model": model or api_requests.default_model(await self.health(), "embedding"), "input": inputs}
         clock, headers = provenance.Clock(), dict[str, str]()
         answer = await self.request("POST", "embeddings", json=body, headers_out=headers)
         facts = provenance.build("embeddings", body, headers, clock, (await self.server()).api)
-        return inference.embeddings(answer, facts)
+        return api_requests.embeddings(answer, facts)
 
     async def rerank(self, query: str, documents: Sequence[str], model: str | None = None) -> Ranking:
         """See :meth:`SyncMethods.rerank`."""
         docs = list(documents)
-        model = model or inference.reranking_model(await self.models(all=True), await self.health())
+        model = model or api_requests.reranking_model(await self.models(all=True), await self.health())
         if model is None:
             vectors = await self.embed([query, *docs])
-            return inference.cosine_ranking(vectors, docs, str(vectors.provenance.get("model")))
+            return api_requests.cosine_ranking(vectors, docs, str(vectors.provenance.get("model")))
         answer = await self.request("POST", "rerank", json={"model": model, "query": query, "documents": docs})
-        return inference.ranking(answer, docs, model)
+        return api_requests.ranking(answer, docs, model)
 
     async def models(self, all: bool = False, *, show_all: bool | None = None) -> ModelList:
         """See :meth:`SyncMethods.models`."""
