@@ -33,6 +33,16 @@ class ToolCall:
     name: str
     arguments: str = ""
 
+    @property
+    def complete(self) -> bool:
+        """The arguments so far are a whole JSON object: the call is made (checked only when they end in ``}``)."""
+        if not self.arguments.rstrip().endswith("}"):
+            return False
+        try:
+            return isinstance(json.loads(self.arguments), dict)
+        except ValueError:
+            return False
+
     def parsed(self) -> dict[str, Any]:
         """The arguments as an object (``{}`` when the model's JSON does not parse; a bare value under
         ``value``)."""

@@ -186,6 +186,17 @@ async def test_every_api_streams_the_call(formats_host: Host) -> None:
                 if line.strip():
                     calls += json.loads(line).get("message", {}).get("tool_calls") or []
         assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("get_weather", ARGUMENTS)]
+        # a call goes out once its arguments are whole, before the text that follows it (LFM2 writes text after)
+        (lfm2,) = [c for c in CASES if c.format == "lfm2"]
+        async with formats_host.client() as client:
+            steer = "--grammar " + shlex.quote(await _steer(client, lfm2))
+            assert (await client.post("load", json={"model_name": _name(lfm2), "llamacpp_args": steer})).is_success
+        order = []
+        async with http.stream("POST", "api/chat", json={**body, "model": _name(lfm2)}) as response:
+            async for line in response.aiter_lines():
+                message = json.loads(line).get("message") or {}
+                order += ["call"] * len(message.get("tool_calls") or []) + ["text"] * bool(message.get("content"))
+        assert "call" in order and order.index("call") < order.index("text")
 
 
 def _response_tool() -> dict:

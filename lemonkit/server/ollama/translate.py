@@ -284,8 +284,9 @@ def generate_request(body: dict[str, Any], model_id: str) -> tuple[str, dict[str
 
 
 class OllamaAnswer(ChatStream):
-    """An OpenAI chat stream read into Ollama's pieces: text, thinking, and each tool call whole once the next
-    starts or the answer ends (Ollama sends a call whole, with its arguments as an object)."""
+    """An OpenAI chat stream read into Ollama's pieces: text, thinking, and each tool call whole as soon as its
+    arguments are a whole JSON object (else once the next starts or the answer ends): Ollama sends a call whole,
+    with its arguments as an object."""
 
     sent_calls: int = 0
 
@@ -294,7 +295,11 @@ class OllamaAnswer(ChatStream):
         pieces = self.feed(chunk)
         text = "".join(p.text for p in pieces if p.kind == "text")
         thinking = "".join(p.text for p in pieces if p.kind == "thinking")
-        done = len(self.calls) if self.finish_reason is not None else max(0, len(self.calls) - 1)
+        newest = max(self.calls, default=None)
+        if self.finish_reason is not None or (newest is not None and self.calls[newest].complete):
+            done = len(self.calls)
+        else:
+            done = max(0, len(self.calls) - 1)
         ready = [self.call(i) for i in sorted(self.calls)[self.sent_calls : done]]
         self.sent_calls = max(self.sent_calls, done)
         return text, thinking, ready
