@@ -17,6 +17,7 @@ server of this kernel, ``LEMONKIT_URL``, a running ``lemonkit serve``) or starts
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from lemonkit._version import __version__
@@ -208,13 +209,15 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    try:
+    if name in _LAZY:
         module, attribute = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'lemonkit' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attribute)
-    globals()[name] = value  # the next lookup does not come here
-    return value
+        value = getattr(importlib.import_module(module), attribute)
+        globals()[name] = value  # the next lookup does not come here
+        return value
+    # a submodule reached as an attribute (``lemonkit.config``), as the eager root used to allow
+    if not name.startswith("_") and importlib.util.find_spec(f"lemonkit.{name}") is not None:
+        return importlib.import_module(f"lemonkit.{name}")
+    raise AttributeError(f"module 'lemonkit' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

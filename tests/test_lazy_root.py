@@ -45,3 +45,6 @@ def test_public_names_resolve_on_first_use() -> None:
     assert lemonkit.__version__ == lemonkit._version.__version__
     with pytest.raises(AttributeError, match="no_such_name"):
         _ = lemonkit.no_such_name
+    # a submodule as an attribute, imported on first use (notebooks write lemonkit.config.default_chat_model())
+    assert lemonkit.config.default_chat_model()
+    assert _modules_after("import lemonkit; lemonkit.errors").count("lemonkit.errors") == 1
