@@ -35,6 +35,21 @@ def smollm2_path() -> Path:
     return path
 
 
+#: ``python -m llama_cpp.server`` with its weights in their file layout (llama-server's ``--no-repack``, which
+#: llama-cpp-python's server has no flag for): ggml's repacked CPU kernels segfault on AMX CPUs in this build
+_NO_REPACK = """
+import runpy, sys
+from llama_cpp import llama
+class Model(llama.internals.LlamaModel):
+    def __init__(self, *, path_model, params, verbose=True):
+        params.use_extra_bufts = False
+        super().__init__(path_model=path_model, params=params, verbose=verbose)
+llama.internals.LlamaModel = Model
+sys.argv[0] = "llama_cpp.server"
+runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -43,7 +58,7 @@ def free_port() -> int:
 
 
 class LlamaCppServer:
-    """``python -m llama_cpp.server`` serving SmolLM2 on a free loopback port, ready when constructed.
+    """llama-cpp-python's ``llama_cpp.server`` serving SmolLM2 on a free loopback port, ready when constructed.
 
     Args:
         n_ctx: Its context size.
@@ -54,8 +69,8 @@ class LlamaCppServer:
         self.port = free_port()
         command = [
             sys.executable,
-            "-m",
-            "llama_cpp.server",
+            "-c",
+            _NO_REPACK,
             "--model",
             str(smollm2_path()),
             "--model_alias",

@@ -256,3 +256,20 @@ async def test_the_prompts_of_one_completion_share_the_batch(host: Host) -> None
             want["finish_reason"],
         )
     assert together["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone)
+
+
+async def test_plain_kernels_without_batch_invariance(host: Host) -> None:
+    """``--no-batch-invariant`` runs the bundled SmolLM2 on ggml's other CPU kernels: they answer (on AMX CPUs the
+    repacked ones crashed the sidecar, so there lemonkit leaves repacking off unless ``--repack`` asks for it)."""
+    from lemonkit.config import DEFAULT_CHAT_MODEL
+
+    async with host.client() as client:
+        body = {"model_name": DEFAULT_CHAT_MODEL, "llamacpp_args": "--no-batch-invariant"}
+        assert (await client.post("load", json=body)).status_code == 200
+        ask = {"model": DEFAULT_CHAT_MODEL, "messages": [{"role": "user", "content": "Name three colours."}]}
+        answer = await client.post("chat/completions", json={**ask, "max_tokens": 8, "temperature": 0})
+        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+        health = (await client.get("health")).json()
+        (entry,) = [m for m in health["all_models_loaded"] if m["model_name"] == DEFAULT_CHAT_MODEL]
+        assert entry["model_name"] == DEFAULT_CHAT_MODEL
+        await client.post("unload", json={"model_name": DEFAULT_CHAT_MODEL})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -278,7 +279,9 @@ class LlamaCppEngine:
                 "llamacpp_args: --repack rounds differently for different batch shapes; "
                 "add --no-batch-invariant to use it"
             )
-        return invariant, (not invariant) if repack is None else repack
+        # ggml's repacked CPU kernels segfault on AMX CPUs in this build (SmolLM2's Q4_1, any prompt of a few tokens,
+        # measured on a Sapphire Rapids VM): off there unless asked for; the plain kernels are the ones chat uses
+        return invariant, (not invariant and not amx_cpu()) if repack is None else repack
 
     @contextlib.contextmanager
     def _kernels(self, invariant: bool) -> Iterator[int]:
@@ -805,6 +808,16 @@ def _tool_mode(choice: Any, tools: ToolSpec | None) -> tuple[str, str | None]:
         if forced is not None and forced not in tools.params:
             raise InvalidArgument(f"tool_choice names {forced!r}, which is not among the request's tools")
     return mode, forced
+
+
+@functools.cache
+def amx_cpu() -> bool:
+    """Whether this CPU has AMX (``amx_int8`` in ``/proc/cpuinfo``), where ggml's repacked kernels crash."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return any(line.startswith("flags") and " amx_int8" in line for line in f)
+    except OSError:
+        return False
 
 
 def _physical_cores() -> int:
