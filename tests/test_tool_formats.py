@@ -131,3 +131,11 @@ def test_broken_calls_fall_back_to_text() -> None:
     assert bad_python[0] == ("content", "<|tool_call_start|>[not valid]<|tool_call_end|>")
     cut = split_output('[TOOL_CALLS]get_weather[ARGS]{"city": "Pa', tools=TOOLS, fmt=FORMATS["mistral"])
     assert cut == [("tool_call", {"name": "get_weather", "arguments": '{"city": "Pa'})]  # what came is kept
+
+
+def test_calls_without_tools_are_text() -> None:
+    # tool_choice "none" (or no tools): a call the model writes anyway is not turned into tool_calls
+    call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}'
+    assert split_output(call, fmt=FORMATS["harmony"]) == [("content", '{"city": "Oslo"}')]
+    hermes = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
+    assert split_output(hermes, fmt=FORMATS["hermes"]) == [("content", hermes)]

@@ -452,8 +452,6 @@ class JsonCalls(Section):
             return self._to(end, "between")
         # between calls
         if i >= len(buf):
-            if final or self.in_list:
-                return False
             return False
         c = buf[i]
         if c in ",;":
@@ -800,9 +798,6 @@ class XmlCalls(Section):
         if self.state == "param":
             self._end_args()
 
-    def _end_marker(self, final: bool) -> bool:
-        return super()._end_marker(final)
-
 
 def _json_value(text: str) -> str:
     """A parameter's text as JSON: itself when it parses, else a string."""
@@ -1075,7 +1070,8 @@ _H_RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 class HarmonyParser:
     """gpt-oss's output as channels: ``<|channel|>analysis<|message|>..<|end|>`` is reasoning, ``final`` (and a
     ``commentary`` preamble) is content, and a message ``to=functions.NAME`` is a call whose body is its JSON
-    arguments, streamed as written. Markup the model leaves out (a reply without any header) is content."""
+    arguments, streamed as written (content when the request has no tools). Markup the model leaves out (a reply
+    without any header) is content."""
 
     def __init__(self, *, tools: ToolSpec | None = None) -> None:
         self.tools = tools
@@ -1125,7 +1121,7 @@ class HarmonyParser:
             header = buf[:j]
             channel = _H_CHANNEL.search(header)
             recipient = _H_RECIPIENT.search(header)
-            if recipient is not None and recipient.group(1).startswith("functions."):
+            if self.tools is not None and recipient is not None and recipient.group(1).startswith("functions."):
                 self.kind = "tool"
                 out.append(("tool_name", recipient.group(1)[len("functions.") :]))
             elif channel is not None and channel.group(1) == "analysis":
