@@ -301,6 +301,8 @@ class Section:
         self.calls = 0
         self.n_args = 0  # arguments written of the open call (formats that spell them one by one)
         self.state = self.initial
+        self.scan: _JsonEnd | None = None  # where JSON arguments being streamed end (see _start_json_args)
+        self.sent = 0  # characters of them written
 
     def feed(self, text: str, *, final: bool = False) -> list[Event]:
         self.buf += text
@@ -357,6 +359,21 @@ class Section:
     def _end_args(self) -> None:
         self._args("}" if self.n_args else "{}")
 
+    def _start_json_args(self, i: int) -> bool:
+        """The arguments are a JSON value at ``i``: stream it (state ``args``) until :class:`_JsonEnd` finds its end."""
+        self.scan = _JsonEnd(i)
+        self.sent = 0
+        return self._to(i, "args")
+
+    def _json_args(self) -> int | None:
+        """Write what came of the JSON arguments; the index just past them once they are whole."""
+        assert self.scan is not None
+        end = self.scan.scan(self.buf)
+        stop = end if end is not None else len(self.buf)
+        self._args(self.buf[self.scan.start + self.sent : stop])
+        self.sent = stop - self.scan.start
+        return end
+
     def _args(self, piece: str) -> None:
         if piece:
             self.out.append(("tool_args", piece))
@@ -396,8 +413,6 @@ class JsonCalls(Section):
         self.bare = bare
         self.state = "start"
         self.in_list = False
-        self.scan: _JsonEnd | None = None
-        self.sent = 0
 
     def _step(self, final: bool) -> bool:
         buf = self.buf
@@ -413,14 +428,8 @@ class JsonCalls(Section):
         if self.state == "object":
             return self._object(_skip_ws(buf, self.i), final)
         if self.state == "args":
-            assert self.scan is not None
-            end = self.scan.scan(buf)
-            stop = end if end is not None else len(buf)
-            self._args(buf[self.scan.start + self.sent : stop])
-            self.sent = stop - self.scan.start
-            if end is None:
-                return False
-            return self._to(end, "close_object")
+            end = self._json_args()
+            return False if end is None else self._to(end, "close_object")
         if self.state == "close_object":
             if i >= len(buf):
                 return False
@@ -528,9 +537,7 @@ class JsonCalls(Section):
         if buf[j] != "{":
             return self._fail()
         self._name(name[0])
-        self.scan = _JsonEnd(j)
-        self.sent = 0
-        return self._to(j, "args")
+        return self._start_json_args(j)
 
     def _whole(self, i: int) -> bool:
         self.scan = _JsonEnd(i)
@@ -553,8 +560,6 @@ class NamedJson(Section):
         self.close = close
         self.call_end = call_end
         self.state = "name"
-        self.scan: _JsonEnd | None = None
-        self.sent = 0
 
     def _step(self, final: bool) -> bool:
         buf = self.buf
@@ -582,18 +587,10 @@ class NamedJson(Section):
             if buf[j] != "{":
                 self._args("{}")
                 return self._to(j, "after")
-            self.scan = _JsonEnd(j)
-            self.sent = 0
-            return self._to(j, "args")
+            return self._start_json_args(j)
         if self.state == "args":
-            assert self.scan is not None
-            end = self.scan.scan(buf)
-            stop = end if end is not None else len(buf)
-            self._args(buf[self.scan.start + self.sent : stop])
-            self.sent = stop - self.scan.start
-            if end is None:
-                return False
-            return self._to(end, "after")
+            end = self._json_args()
+            return False if end is None else self._to(end, "after")
         return self._after(final)
 
     def _after(self, final: bool) -> bool:
