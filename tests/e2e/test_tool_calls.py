@@ -232,6 +232,10 @@ async def test_reasoning_budget(formats_host: Host) -> None:
         await client.post("load", json={"model_name": THINKER, "llamacpp_args": "--reasoning-budget 5"})
         default = (await client.post("chat/completions", json=body)).json()["choices"][0]["message"]
         assert default["content"] and await reasoning_tokens(default["reasoning_content"]) <= 6
+        # under a grammar the budget writes nothing: a forced close would break what the grammar allows
+        steered = {**body, "reasoning_budget": 2, "grammar": 'root ::= "one two three four five"'}
+        held = (await client.post("chat/completions", json=steered)).json()["choices"][0]["message"]
+        assert held["reasoning_content"] == "one two three four five" and not held["content"]
         bad = await client.post("chat/completions", json={**body, "reasoning_budget": -2})
         assert bad.status_code == 400
 

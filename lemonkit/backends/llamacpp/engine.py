@@ -408,12 +408,7 @@ class LlamaCppEngine:
             n_probs = 1
         else:
             n_probs = top_logprobs("logprobs", logprobs, "a boolean or an integer")
-        grammar = body.get("grammar")  # llama-server's field: GBNF the completion follows
-        if grammar is None:
-            grammar = self._sampling.grammar
-        if grammar is not None:
-            check_arg("grammar", grammar, isinstance(grammar, str) and bool(grammar.strip()), "a GBNF string")
-            self._gen.check_grammar(grammar)
+        grammar = self._grammar_of(body)
         n, best_of = body.get("n", 1), body.get("best_of")
         ok = isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_CHOICES
         check_arg("n", n, ok, f"an integer from 1 to {MAX_CHOICES}")
@@ -626,17 +621,11 @@ class LlamaCppEngine:
         else:
             grammar = response_format_grammar(body.get("response_format"))
         shaped = grammar is not None  # the grammar shapes the whole answer: no reasoning, no markup
-        raw_grammar = body.get("grammar")  # llama-server's field: GBNF the text follows; tags are still read
-        if raw_grammar is None and not shaped:
-            raw_grammar = self._sampling.grammar  # the model's --grammar
-        if raw_grammar is not None:
-            check_arg(
-                "grammar", raw_grammar, isinstance(raw_grammar, str) and bool(raw_grammar.strip()), "a GBNF string"
-            )
-            if shaped:
-                raise InvalidArgument("'grammar' cannot be combined with response_format or a forced tool_choice")
-            grammar = raw_grammar
-        if grammar is not None:
+        if body.get("grammar") is not None and shaped:
+            raise InvalidArgument("'grammar' cannot be combined with response_format or a forced tool_choice")
+        if not shaped:
+            grammar = self._grammar_of(body)  # tool-call markup the grammar shapes is still read
+        elif grammar is not None:
             self._gen.check_grammar(grammar)
         if shaped and enable_thinking is None:
             enable_thinking = False  # constrained output starts at once: ask thinking templates for no think block
@@ -651,7 +640,8 @@ class LlamaCppEngine:
         tokens = self._gen.tokenize(prompt, fit=fit)
         job = self._sampling.job(body, tokens, n_probs=n_probs, prompt=prompt, extra_stops=extra_stops, grammar=grammar)
         job.images = [decode_data_url(url) for url in images or []]
-        if budget is not None and think is not None and not shaped:
+        # a forced close would leave a grammar behind: budgets bound free reasoning only
+        if budget is not None and think is not None and grammar is None:
             gen = self._gen
             job.budget = ReasoningBudget(
                 limit=budget,
@@ -670,6 +660,16 @@ class LlamaCppEngine:
             parallel=parallel,
         )
         return job, plan
+
+    def _grammar_of(self, body: dict[str, Any]) -> str | None:
+        """llama-server's ``grammar`` field (GBNF the answer follows), else the model's ``--grammar``; checked."""
+        grammar = body.get("grammar")
+        if grammar is None:
+            grammar = self._sampling.grammar
+        if grammar is not None:
+            check_arg("grammar", grammar, isinstance(grammar, str) and bool(grammar.strip()), "a GBNF string")
+            self._gen.check_grammar(grammar)
+        return grammar
 
     def _render(
         self,
