@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from concurrency import Contender, _concurrent, _wait_ready, llama_server_binary
 from sidecar_memory import server_env
 
-from lemonkit.accelerators import detect
+from lemonkit.catalog.accelerators import detect
 from tests.llama_cpp_server import free_port
 
 MODEL = "SmolLM2-135M-Instruct-Bundled"

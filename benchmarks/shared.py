@@ -124,7 +124,7 @@ def _rotated(names: list[str], round_: int) -> list[str]:
 
 def _model(choice: str, cache: Path) -> str:
     """The model's name, its files put where a server with ``cache`` as its cache dir finds them."""
-    from lemonkit.config import DEFAULT_CHAT_MODEL
+    from lemonkit.catalog.config import DEFAULT_CHAT_MODEL
 
     cache.mkdir(parents=True, exist_ok=True)
     if choice == "smollm2":

@@ -80,7 +80,7 @@ def tts_rows(client: httpx.Client, cache: Path, models: tuple[str, ...] = MODELS
         repeats: Syntheses per path per model (after one warm-up each).
     """
     from lemonkit.backends import engine_class
-    from lemonkit.registry import Registry
+    from lemonkit.catalog.registry import Registry
 
     registry = Registry(cache)
     rows = []

@@ -54,7 +54,7 @@ def _never() -> bool:
 
 
 def _direct(worker: ThreadPoolExecutor, engine: Any, image: bytes) -> float:
-    from lemonkit.backends.base import Upload
+    from lemonkit.backends.protocol import Upload
 
     start = time.perf_counter()
     answer = worker.submit(engine.upscale, {"files": [Upload("image", image)]}, cancelled=_never).result()
@@ -83,7 +83,7 @@ def upscale_rows(
         rounds: Upscales per path per case (after one warm-up each, which also loads the API's sidecar).
     """
     from lemonkit.backends import engine_class
-    from lemonkit.registry import Registry
+    from lemonkit.catalog.registry import Registry
 
     registry = Registry(cache)
     worker = ThreadPoolExecutor(max_workers=1)  # the sidecar's engine thread

@@ -49,9 +49,17 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name i
         voice_chat,
         voices,
     )
-    from lemonkit.api_requests import Embeddings
     from lemonkit.client import AsyncClient, Client
-    from lemonkit.conversation import Chat
+    from lemonkit.client.api_requests import Embeddings
+    from lemonkit.client.audio_clips import AudioClip, Speech
+    from lemonkit.client.conversation import Chat
+    from lemonkit.client.image_results import Images
+    from lemonkit.client.map_items import MapError, MapResult
+    from lemonkit.client.map_items import map_items as map
+    from lemonkit.client.replay import ReplayResult, replay
+    from lemonkit.client.results import ChatResult, ModelList, RankedDocument, Ranking
+    from lemonkit.client.transcripts import Segment, Transcript, Word
+    from lemonkit.client.voice_chat_reply import VoiceChatReply
     from lemonkit.errors import (
         DownloadError,
         DownloadStopped,
@@ -65,14 +73,6 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name i
         StructuredOutputError,
         Unauthorized,
     )
-    from lemonkit.images import Images
-    from lemonkit.map_items import MapError, MapResult
-    from lemonkit.map_items import map_items as map
-    from lemonkit.provenance import ReplayResult, replay
-    from lemonkit.results import ChatResult, ModelList, RankedDocument, Ranking
-    from lemonkit.speech import AudioClip, Speech
-    from lemonkit.transcripts import Segment, Transcript, Word
-    from lemonkit.voice_chat_reply import VoiceChatReply
     from lemonkit.widgets import (  # noqa: F401 - public, but not in __all__: a star import loads no widgets
         ChatPanel,
         DownloadBar,
@@ -112,7 +112,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "AsyncClient": ("lemonkit.client", "AsyncClient"),
     "Client": ("lemonkit.client", "Client"),
     "ServerUnavailable": ("lemonkit.errors", "ServerUnavailable"),
-    "Chat": ("lemonkit.conversation", "Chat"),
+    "Chat": ("lemonkit.client.conversation", "Chat"),
     "DownloadError": ("lemonkit.errors", "DownloadError"),
     "DownloadStopped": ("lemonkit.errors", "DownloadStopped"),
     "InvalidArgument": ("lemonkit.errors", "InvalidArgument"),
@@ -122,24 +122,24 @@ _LAZY: dict[str, tuple[str, str]] = {
     "ModelNotFound": ("lemonkit.errors", "ModelNotFound"),
     "NotFound": ("lemonkit.errors", "NotFound"),
     "Unauthorized": ("lemonkit.errors", "Unauthorized"),
-    "Images": ("lemonkit.images", "Images"),
-    "Embeddings": ("lemonkit.api_requests", "Embeddings"),
+    "Images": ("lemonkit.client.image_results", "Images"),
+    "Embeddings": ("lemonkit.client.api_requests", "Embeddings"),
     "StructuredOutputError": ("lemonkit.errors", "StructuredOutputError"),
-    "MapError": ("lemonkit.map_items", "MapError"),
-    "MapResult": ("lemonkit.map_items", "MapResult"),
-    "map": ("lemonkit.map_items", "map_items"),
-    "ReplayResult": ("lemonkit.provenance", "ReplayResult"),
-    "replay": ("lemonkit.provenance", "replay"),
-    "ChatResult": ("lemonkit.results", "ChatResult"),
-    "ModelList": ("lemonkit.results", "ModelList"),
-    "RankedDocument": ("lemonkit.results", "RankedDocument"),
-    "Ranking": ("lemonkit.results", "Ranking"),
-    "AudioClip": ("lemonkit.speech", "AudioClip"),
-    "Speech": ("lemonkit.speech", "Speech"),
-    "Segment": ("lemonkit.transcripts", "Segment"),
-    "Transcript": ("lemonkit.transcripts", "Transcript"),
-    "Word": ("lemonkit.transcripts", "Word"),
-    "VoiceChatReply": ("lemonkit.voice_chat_reply", "VoiceChatReply"),
+    "MapError": ("lemonkit.client.map_items", "MapError"),
+    "MapResult": ("lemonkit.client.map_items", "MapResult"),
+    "map": ("lemonkit.client.map_items", "map_items"),
+    "ReplayResult": ("lemonkit.client.replay", "ReplayResult"),
+    "replay": ("lemonkit.client.replay", "replay"),
+    "ChatResult": ("lemonkit.client.results", "ChatResult"),
+    "ModelList": ("lemonkit.client.results", "ModelList"),
+    "RankedDocument": ("lemonkit.client.results", "RankedDocument"),
+    "Ranking": ("lemonkit.client.results", "Ranking"),
+    "AudioClip": ("lemonkit.client.audio_clips", "AudioClip"),
+    "Speech": ("lemonkit.client.audio_clips", "Speech"),
+    "Segment": ("lemonkit.client.transcripts", "Segment"),
+    "Transcript": ("lemonkit.client.transcripts", "Transcript"),
+    "Word": ("lemonkit.client.transcripts", "Word"),
+    "VoiceChatReply": ("lemonkit.client.voice_chat_reply", "VoiceChatReply"),
     "ChatPanel": ("lemonkit.widgets", "ChatPanel"),
     "DownloadBar": ("lemonkit.widgets", "DownloadBar"),
     "ImagePanel": ("lemonkit.widgets", "ImagePanel"),
@@ -214,7 +214,7 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), attribute)
         globals()[name] = value  # the next lookup does not come here
         return value
-    # a submodule reached as an attribute (``lemonkit.config``), as the eager root used to allow
+    # a submodule reached as an attribute (``lemonkit.catalog.config``), as the eager root used to allow
     if not name.startswith("_") and importlib.util.find_spec(f"lemonkit.{name}") is not None:
         return importlib.import_module(f"lemonkit.{name}")
     raise AttributeError(f"module 'lemonkit' has no attribute {name!r}")

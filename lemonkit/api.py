@@ -1,25 +1,21 @@
 """The notebook-facing functions (``lemonkit.chat``, ``lemonkit.pull``, ...), all on one shared
-:class:`~lemonkit.client.Client`: each is that client's method of the same name (same arguments, same doc)."""
+:class:`~lemonkit.client.Client`: each runs that client's call of the same name (same steps, same arguments, same
+doc; see :func:`on_default_client`), and ``pull`` adds a progress bar."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from lemonkit.api_requests import Embeddings, Messages
-from lemonkit.audio_methods import AudioInput
 from lemonkit.client import Client, Event, default_client
+from lemonkit.client.audio_calls import AudioCalls
+from lemonkit.client.calls import call
+from lemonkit.client.chat_calls import ChatCalls
+from lemonkit.client.image_calls import ImageCalls
+from lemonkit.client.model_calls import ModelCalls
 from lemonkit.errors import DownloadError, error_from_body
-from lemonkit.image_methods import Size
-from lemonkit.images import ImageInput, Images
-from lemonkit.results import ChatResult, ModelList, Ranking
-from lemonkit.speech import Speech
-from lemonkit.transcripts import Transcript
-from lemonkit.voice_chat_reply import VoiceChatOptions, VoiceChatReply
 
 if TYPE_CHECKING:
-    from typing import Unpack
-
     import openai
 
 __all__ = [
@@ -49,7 +45,8 @@ __all__ = [
     "voices",
 ]
 
-_F = TypeVar("_F", bound=Callable[..., Any])
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def pull(
@@ -121,7 +118,7 @@ def pull(
 def _notebook_bar(name: str, client: Client) -> Any:
     """A :class:`~lemonkit.widgets.DownloadBar` in a notebook, else ``None`` (a tqdm bar then)."""
     try:
-        from lemonkit.widgets.download import notebook_bar
+        from lemonkit.widgets.download_bar import notebook_bar
     except ImportError:  # no anywidget: tqdm
         return None
     return notebook_bar(name, client)
@@ -145,175 +142,42 @@ def _advance(bar: Any, event: Event) -> bool:
     return False
 
 
-# -- the client's methods on the default client --------------------------------------------------------------------
+# -- the client's calls on the default client ----------------------------------------------------------------------
 
 
-def _doc_of(method: Callable[..., Any]) -> Callable[[_F], _F]:
-    def document(function: _F) -> _F:
-        function.__doc__ = (method.__doc__ or "").replace("lemonkit.Client().", "lemonkit.")
-        return function
+def on_default_client(method: call[P, T]) -> Callable[P, T]:
+    """The module function of a client call: the same steps, run on :func:`default_client` (same arguments, same
+    doc, its examples written ``lemonkit.chat(...)``)."""
 
-    return document
+    def function(*args: P.args, **kwargs: P.kwargs) -> T:
+        client = default_client()
+        return client._run(method.steps(client, *args, **kwargs))
 
-
-@_doc_of(Client.chat)
-def chat(
-    prompt_or_messages: Messages,
-    model: str | None = None,
-    *,
-    stream: bool = True,
-    system: str | None = None,
-    tools: list[dict[str, Any]] | None = None,
-    response_format: dict[str, Any] | None = None,
-    **sampling: Any,
-) -> ChatResult:
-    return default_client().chat(
-        prompt_or_messages,
-        model,
-        stream=stream,
-        system=system,
-        tools=tools,
-        response_format=response_format,
-        **sampling,
-    )
+    function.__name__ = function.__qualname__ = method.__name__
+    function.__doc__ = (method.__doc__ or "").replace("lemonkit.Client().", "lemonkit.")
+    function.__signature__ = method.signature  # type: ignore[attr-defined]
+    return function
 
 
-@_doc_of(Client.complete)
-def complete(prompt: str, model: str | None = None, *, stream: bool = True, **sampling: Any) -> ChatResult:
-    return default_client().complete(prompt, model, stream=stream, **sampling)
-
-
-@_doc_of(Client.structured)
-def structured(prompt: Messages, schema: Any, model: str | None = None, **sampling: Any) -> Any:
-    return default_client().structured(prompt, schema, model, **sampling)
-
-
-@_doc_of(Client.embed)
-def embed(texts: str | Sequence[str], model: str | None = None) -> Embeddings:
-    return default_client().embed(texts, model)
-
-
-@_doc_of(Client.rerank)
-def rerank(query: str, documents: Sequence[str], model: str | None = None) -> Ranking:
-    return default_client().rerank(query, documents, model)
-
-
-@_doc_of(Client.models)
-def models(all: bool = False) -> ModelList:
-    return default_client().models(all)
-
-
-@_doc_of(Client.load)
-def load(name: str, **options: Any) -> dict[str, Any]:
-    return default_client().load(name, **options)
-
-
-@_doc_of(Client.unload)
-def unload(name: str | None = None) -> dict[str, Any]:
-    return default_client().unload(name)
-
-
-@_doc_of(Client.health)
-def health() -> dict[str, Any]:
-    return default_client().health()
-
-
-@_doc_of(Client.stats)
-def stats() -> dict[str, Any]:
-    return default_client().stats()
-
-
-@_doc_of(Client.transcribe)
-def transcribe(
-    audio: AudioInput,
-    model: str | None = None,
-    *,
-    sample_rate: int | None = None,
-    language: str | None = None,
-    prompt: str | None = None,
-    temperature: float | None = None,
-    words: bool = True,
-) -> Transcript:
-    return default_client().transcribe(
-        audio,
-        model,
-        sample_rate=sample_rate,
-        language=language,
-        prompt=prompt,
-        temperature=temperature,
-        words=words,
-    )
-
-
-@_doc_of(Client.align)
-def align(
-    audio: AudioInput,
-    text: str,
-    model: str | None = None,
-    *,
-    sample_rate: int | None = None,
-    language: str | None = None,
-) -> Transcript:
-    return default_client().align(audio, text, model, sample_rate=sample_rate, language=language)
-
-
-@_doc_of(Client.speak)
-def speak(text: str, model: str | None = None, *, voice: str | None = None, speed: float = 1.0) -> Speech:
-    return default_client().speak(text, model, voice=voice, speed=speed)
-
-
-@_doc_of(Client.voices)
-def voices(model: str | None = None) -> list[str]:
-    return default_client().voices(model)
-
-
-@_doc_of(Client.voice_chat)
-def voice_chat(question: AudioInput, **options: Unpack[VoiceChatOptions]) -> VoiceChatReply:
-    return default_client().voice_chat(question, **options)
-
-
-@_doc_of(Client.generate_image)
-def generate_image(
-    prompt: str,
-    model: str | None = None,
-    *,
-    n: int = 1,
-    size: Size | None = None,
-    steps: int | None = None,
-    cfg_scale: float | None = None,
-    seed: int | None = None,
-) -> Images:
-    return default_client().generate_image(prompt, model, n=n, size=size, steps=steps, cfg_scale=cfg_scale, seed=seed)
-
-
-@_doc_of(Client.edit_image)
-def edit_image(
-    image: ImageInput | list[ImageInput],
-    prompt: str,
-    mask: ImageInput | None = None,
-    model: str | None = None,
-    *,
-    n: int = 1,
-    size: Size | None = None,
-    steps: int | None = None,
-    cfg_scale: float | None = None,
-    seed: int | None = None,
-) -> Images:
-    return default_client().edit_image(
-        image, prompt, mask, model, n=n, size=size, steps=steps, cfg_scale=cfg_scale, seed=seed
-    )
-
-
-@_doc_of(Client.vary_image)
-def vary_image(
-    image: ImageInput, model: str | None = None, *, n: int = 1, size: Size | None = None, seed: int | None = None
-) -> Images:
-    return default_client().vary_image(image, model, n=n, size=size, seed=seed)
-
-
-@_doc_of(Client.upscale)
-def upscale(image: ImageInput, model: str | None = None, *, factor: int | None = None) -> Images:
-    return default_client().upscale(image, model, factor=factor)
+health = on_default_client(ModelCalls.health)
+load = on_default_client(ModelCalls.load)
+unload = on_default_client(ModelCalls.unload)
+chat = on_default_client(ChatCalls.chat)
+complete = on_default_client(ChatCalls.complete)
+structured = on_default_client(ChatCalls.structured)
+embed = on_default_client(ChatCalls.embed)
+rerank = on_default_client(ChatCalls.rerank)
+models = on_default_client(ChatCalls.models)
+stats = on_default_client(ChatCalls.stats)
+transcribe = on_default_client(AudioCalls.transcribe)
+align = on_default_client(AudioCalls.align)
+speak = on_default_client(AudioCalls.speak)
+voices = on_default_client(AudioCalls.voices)
+voice_chat = on_default_client(AudioCalls.voice_chat)
+generate_image = on_default_client(ImageCalls.generate_image)
+edit_image = on_default_client(ImageCalls.edit_image)
+vary_image = on_default_client(ImageCalls.vary_image)
+upscale = on_default_client(ImageCalls.upscale)
 
 
 # -- other OpenAI clients ------------------------------------------------------------------------------------------

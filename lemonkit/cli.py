@@ -2,7 +2,7 @@
 
 - ``lemonkit serve [--host H] [--port P] [--load MODEL]``: the standalone server.
 - ``lemonkit serve --jupyterhub-service``: the same API as a JupyterHub managed service, shared by the hub's users
-  (see :mod:`lemonkit.server.hub`).
+  (see :mod:`lemonkit.server.jupyterhub`).
 - ``lemonkit run [MODEL]``: serve, load the model (the bundled chat default, offline), answer one question, keep
   serving. A model with a chat template answers through ``/v1/chat/completions``; a base model (no template, like
   the bundled Gemma 270M) through a Q/A ``/v1/completions`` prompt.
@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import quote
 
 from lemonkit import commands
-from lemonkit.config import (
+from lemonkit.catalog.config import (
     DEFAULT_MAX_QUEUE,
     DEFAULT_PORT,
     LiveLimits,
@@ -38,7 +38,7 @@ from lemonkit.config import (
     UserLimits,
     default_chat_model,
 )
-from lemonkit.placement import parse_size
+from lemonkit.catalog.placement import parse_size
 
 __all__ = ["DEMO_QUESTION", "chat_demo_body", "demo_body", "main"]
 
@@ -203,7 +203,7 @@ class _Demo:
         threading.Thread(target=self._run, args=(port,), daemon=True).start()
 
     def _run(self, port: int) -> None:
-        from lemonkit.server_records import local_url
+        from lemonkit.serving.server_records import local_url
 
         try:
             self._answer(local_url(self.host, port))
@@ -231,7 +231,7 @@ class _Demo:
 
     def _has_chat_template(self, client: Any) -> bool:
         """Whether the loaded model's GGUF carries a chat template (this process serves it: its files are local)."""
-        from lemonkit.gguf_header import gguf_has_key
+        from lemonkit.formats.gguf_header import gguf_has_key
 
         files = client.request("GET", f"models/{quote(self.model, safe='')}/files", params={"include_paths": "true"})
         main = next((f for f in files["files"] if f["role"] == "main" and f["exists"]), None)
@@ -275,7 +275,7 @@ def _serve(args: argparse.Namespace) -> int:
     browsers = {"allowed_hosts": args.allowed_hosts, "allowed_origins": args.allowed_origins}
     if args.command == "serve" and args.jupyterhub_service:
         _configure_logging(args.log_level)
-        from lemonkit.server import hub
+        from lemonkit.server import jupyterhub as hub
 
         if args.hub_admin_scope:
             settings.hub_admin_scope = args.hub_admin_scope

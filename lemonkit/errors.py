@@ -336,7 +336,7 @@ class StructuredOutputError(LemonkitError, ValueError):
     """The model's answer is not an instance of the schema (cut off by ``max_tokens``, say).
 
     Attributes:
-        result: The answer as a :class:`~lemonkit.results.ChatResult` (None when rebuilt from an error body).
+        result: The answer as a :class:`~lemonkit.client.results.ChatResult` (None when rebuilt from an error body).
     """
 
     status = 502

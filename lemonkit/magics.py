@@ -1,7 +1,7 @@
 """IPython magics: ``%load_ext lemonkit`` adds ``%%chat`` and ``%lemonkit``.
 
 ``%%chat [--model M] [--system S]`` asks the cell's body and streams the answer; the cell's value (``Out``, ``_``)
-is the :class:`~lemonkit.results.ChatResult`. ``%lemonkit status|models|load M|unload [M]`` manages the server.
+is the :class:`~lemonkit.client.results.ChatResult`. ``%lemonkit status|models|load M|unload [M]`` manages the server.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from lemonkit import api
+from lemonkit.client.results import ChatResult
 from lemonkit.commands import status_lines
-from lemonkit.results import ChatResult
 
 __all__ = ["LemonkitMagics", "load_ipython_extension"]
 

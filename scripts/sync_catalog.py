@@ -9,7 +9,7 @@ unsupported). A row lemonkit already has keeps lemonkit's own fields (:data:`LEM
 weights, aliases, chat format, context window); every other field is Lemonade's, so a field Lemonade drops
 goes. Rows only lemonkit has are kept as they are; rows new to lemonkit are appended in Lemonade's order.
 
-Overrides (``lemonkit/data/catalog_overrides.json``, :data:`OVERRIDES`) are the exception: a Lemonade name that
+Overrides (``lemonkit/catalog/data/catalog_overrides.json``, :data:`OVERRIDES`) are the exception: a Lemonade name that
 lemonkit runs on another engine than Lemonade's, from another checkpoint (Lemonade's ``Whisper-*`` rows are
 whisper.cpp GGML files; lemonkit runs them on faster-whisper from CTranslate2 repos). An override's fields replace
 Lemonade's in the written row, ``null`` removes one, so the catalog states what lemonkit really loads and
@@ -29,9 +29,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lemonkit.hf_cache import atomic_write_text
+from lemonkit.catalog.hf_cache import atomic_write_text
 
-CATALOG = Path(__file__).resolve().parents[1] / "lemonkit" / "data" / "server_models.json"
+CATALOG = Path(__file__).resolve().parents[1] / "lemonkit" / "catalog" / "data" / "server_models.json"
 #: Lemonade name -> the fields lemonkit sets (``null``: removes) on Lemonade's row
 OVERRIDES = CATALOG.with_name("catalog_overrides.json")
 

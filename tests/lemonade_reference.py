@@ -32,9 +32,10 @@ def lemonade_catalog() -> dict[str, Any]:
 
 
 def overridden_catalog() -> dict[str, Any]:
-    """Lemonade's rows as lemonkit ships them: with ``lemonkit/data/catalog_overrides.json`` applied (its fields set,
-    its ``null`` fields removed; see ``scripts/sync_catalog.py``)."""
-    overrides = json.loads((REPO / "lemonkit" / "data" / "catalog_overrides.json").read_text(encoding="utf-8"))
+    """Lemonade's rows as lemonkit ships them: with ``lemonkit/catalog/data/catalog_overrides.json`` applied (its fields
+    set, its ``null`` fields removed; see ``scripts/sync_catalog.py``)."""
+    path = REPO / "lemonkit" / "catalog" / "data" / "catalog_overrides.json"
+    overrides = json.loads(path.read_text(encoding="utf-8"))
     return {
         name: {k: v for k, v in {**row, **overrides.get(name, {})}.items() if v is not None}
         for name, row in lemonade_catalog().items()

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 from processes import stop_process
 
-from lemonkit.config import DEFAULT_CHAT_MODEL
-from lemonkit.registry import Registry
+from lemonkit.catalog.config import DEFAULT_CHAT_MODEL
+from lemonkit.catalog.registry import Registry
 
 __all__ = ["MODEL_ID", "LlamaCppServer", "free_port", "smollm2_path"]
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from system_tools import tool
 
-from lemonkit import audio
-from lemonkit.audio_methods import AudioRequest, audio_upload, speech_body, voices_of
+from lemonkit.client.audio_calls import AudioRequest, audio_upload, speech_body, voices_of
+from lemonkit.client.audio_clips import AudioClip, Speech, mono
+from lemonkit.client.transcripts import Transcript, Word
 from lemonkit.errors import InvalidArgument
-from lemonkit.speech import AudioClip, Speech, mono
-from lemonkit.transcripts import Transcript, Word
+from lemonkit.formats import audio_codec as audio
 
 VERBOSE = {
     "text": " Hello there. General Kenobi.",
@@ -233,7 +233,7 @@ def test_plain_python_needs_no_ipython(tmp_path: Path) -> None:
     script = f"""
 import json, sys
 import lemonkit
-from lemonkit.transcripts import Transcript
+from lemonkit.client.transcripts import Transcript
 transcript = Transcript.from_answer({VERBOSE!r}, model="m")
 transcript.plot().savefig({str(tmp_path / "plot.png")!r})
 print(transcript)

@@ -7,8 +7,8 @@ import socket
 import pytest
 from tornado.httputil import HTTPHeaders, HTTPServerRequest
 
-from lemonkit.bodies import MAX_DEPTH, parse_json
 from lemonkit.errors import ForbiddenHost, ForbiddenOrigin, InvalidArgument, InvalidJSON
+from lemonkit.formats.bodies import MAX_DEPTH, parse_json
 from lemonkit.server.security import BrowserPolicy
 
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from lemonade_reference import REPO, lemonade_catalog, overridden_catalog, reference_path
 
-from lemonkit import registry as registry_module
-from lemonkit.catalog import SupportPolicy
+from lemonkit.catalog import registry as registry_module
+from lemonkit.catalog.registry import COLLECTION_OMNI, Registry
+from lemonkit.catalog.support import SupportPolicy
+from lemonkit.catalog.system_info import DEFAULT_RECIPES, load_recipes
 from lemonkit.errors import ModelNotSupported
-from lemonkit.registry import COLLECTION_OMNI, Registry
-from lemonkit.system_info import DEFAULT_RECIPES, load_recipes
 
 SCRIPT = REPO / "scripts" / "sync_catalog.py"
 CPU_ONLY: dict[str, Any] = {
@@ -151,7 +151,7 @@ def test_every_catalog_row_has_a_decision(reg: Registry) -> None:
 
 def test_catalog_parses_every_lemonade_row(reg: Registry, caplog: pytest.LogCaptureFixture) -> None:
     lemonade = overridden_catalog()
-    with caplog.at_level(logging.ERROR, logger="lemonkit.registry"):
+    with caplog.at_level(logging.ERROR, logger="lemonkit.catalog.registry"):
         fresh = Registry(reg.cache_dir, hf_cache=reg.hf_cache)
     assert not caplog.records, caplog.text
     for name, row in lemonade.items():

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from lemonkit.config import (
+from lemonkit.catalog.config import (
     DEFAULT_CHAT_MODEL,
     DEFAULT_EMBEDDING_MODEL,
     default_chat_model,
     default_embedding_model,
 )
+from lemonkit.catalog.model_info import parse_row
+from lemonkit.catalog.registry import Registry
 from lemonkit.errors import ModelLoadError
-from lemonkit.gguf_header import gguf_has_key
-from lemonkit.model_info import parse_row
-from lemonkit.registry import Registry
+from lemonkit.formats.gguf_header import gguf_has_key
 
 
 def _sha256(path: Path) -> str:
@@ -33,7 +33,7 @@ def test_smollm2_is_found_through_metadata_without_importing_the_plugin(tmp_path
     script = f"""
 import json, sys
 from pathlib import Path
-from lemonkit.registry import Registry
+from lemonkit.catalog.registry import Registry
 reg = Registry(Path({str(tmp_path)!r}) / "cache", hf_cache=Path({str(tmp_path)!r}) / "hub")
 info = reg.get({DEFAULT_CHAT_MODEL!r})
 print(json.dumps({{"downloaded": reg.is_downloaded(info), "path": str(reg.resolve(info).main),

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from lemonkit.backends.base import Upload
 from lemonkit.backends.images.params import MAX_SIDE, Settings, capped_size, parse_size
 from lemonkit.backends.images.pictures import decode_image, image_kind
+from lemonkit.backends.protocol import Upload
+from lemonkit.catalog.hf_cache import HubCache
 from lemonkit.errors import InvalidArgument, ModelLoadError
-from lemonkit.hf_cache import HubCache
 
 
 def test_sizes() -> None:

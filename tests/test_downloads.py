@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from hub_server import HubServer, tiny_gguf_repo
 
-from lemonkit.config import Settings
+from lemonkit.catalog.config import Settings
+from lemonkit.catalog.registry import Registry
 from lemonkit.downloads import DownloadManager, Job, Listing, RemoteFile, list_variants
-from lemonkit.registry import Registry
 
 PLAIN = "tiny-Q4_K_M.gguf"
 ROW = {"checkpoint": "o/tiny-GGUF:Q4_K_M", "recipe": "llamacpp"}

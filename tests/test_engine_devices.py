@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lemonkit.backends.devices import ctranslate2_device, onnx_providers, torch_device
+from lemonkit.backends.engine_devices import ctranslate2_device, onnx_providers, torch_device
 
 
 def test_this_machine_keeps_every_engine_on_the_cpu() -> None:

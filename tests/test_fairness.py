@@ -1,4 +1,4 @@
-"""The fair scheduler (lemonkit.fairness), driven by plain asyncio tasks: grant order, limits, cancellation."""
+"""The fair scheduler (lemonkit.serving.fairness), driven by plain asyncio tasks: grant order, limits, cancellation."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from lemonkit.config import UserLimits
+from lemonkit.catalog.config import UserLimits
 from lemonkit.errors import QueueFull, TooManyRequests, error_from_body
-from lemonkit.fairness import FairScheduler, ModelQueue, TokenBucket
+from lemonkit.serving.fairness import FairScheduler, ModelQueue, TokenBucket
 
 MODEL = "m"
 
@@ -333,7 +333,7 @@ def test_queue_full_is_a_503_the_client_raises() -> None:
 
 
 def test_max_queue_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lemonkit.config import DEFAULT_MAX_QUEUE, Settings
+    from lemonkit.catalog.config import DEFAULT_MAX_QUEUE, Settings
 
     assert Settings().max_queue == DEFAULT_MAX_QUEUE
     monkeypatch.setenv("LEMONKIT_MAX_QUEUE", "0")

@@ -8,8 +8,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from lemonkit.downloads.hub import RemoteFile
-from lemonkit.hf_cache import (
+from lemonkit.catalog.hf_cache import (
     HubCache,
     check_checkpoint,
     etag_name,
@@ -17,7 +16,8 @@ from lemonkit.hf_cache import (
     inside,
     safe_relpath,
 )
-from lemonkit.registry import Registry
+from lemonkit.catalog.registry import Registry
+from lemonkit.downloads.hub_api import RemoteFile
 
 SHA1 = "0123456789abcdef0123456789abcdef01234567"
 SHA256 = "0123456789abcdef" * 4
@@ -195,7 +195,7 @@ def test_user_rows_with_escaping_names_are_skipped(tmp_path: Path, caplog: pytes
     }
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "user_models.json").write_text(json.dumps(rows))
-    with caplog.at_level(logging.ERROR, logger="lemonkit.registry"):
+    with caplog.at_level(logging.ERROR, logger="lemonkit.catalog.registry"):
         registry = Registry(tmp_path / "cache", hf_cache=hf)
     ids = {m.id for m in registry.list(show_all=True) if m.user}
     assert ids == {"user.fine"}

@@ -3,7 +3,7 @@ then tries the service (the service itself is tested against a real hub in tests
 
 from __future__ import annotations
 
-from lemonkit.hub_discovery import HubEnvironment, _roots
+from lemonkit.serving.hub_discovery import HubEnvironment, _roots
 
 HUB = {"JUPYTERHUB_API_URL": "http://127.0.0.1:8081/hub/api/", "JUPYTERHUB_API_TOKEN": "t0k"}
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from lemonkit.config import DEFAULT_HUB_ADMIN_SCOPE, Settings
-from lemonkit.server.hub import HubSettings
+from lemonkit.catalog.config import DEFAULT_HUB_ADMIN_SCOPE, Settings
+from lemonkit.server.jupyterhub import HubSettings
 
 
 def test_the_hubs_variables_give_the_address_and_prefix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,20 +6,24 @@ variations)."""
 from __future__ import annotations
 
 import base64
+import inspect
 import io
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
 
 import lemonkit
-from lemonkit import provenance
+from lemonkit.client import replay as provenance
+from lemonkit.client.calls import SERVER, Request, Steps
+from lemonkit.client.discovery import Server
+from lemonkit.client.image_calls import ImageRequest, size_of
+from lemonkit.client.image_results import Images, image_bytes, open_image, png_bytes
 from lemonkit.errors import InvalidArgument
-from lemonkit.image_methods import ImageRequest, size_of
-from lemonkit.images import Images, image_bytes, open_image, png_bytes
 
 
 def picture(width: int = 24, height: int = 16, seed: int = 0) -> Image.Image:
@@ -195,15 +199,27 @@ def test_variation_and_upscale_requests() -> None:
     assert ImageRequest.upscale(image, "m", factor=2).fields["upscale_factor"] == 2
 
 
+def answered(steps: Steps[Images], answer: dict[str, Any], headers: dict[str, str], api: str) -> Images:
+    """Drive a call's steps as a client does, answering its one request with ``answer`` and ``headers``."""
+    request = next(steps)
+    assert isinstance(request, Request) and request.method == "POST" and request.headers_out is not None
+    request.headers_out.update(headers)
+    assert steps.send(answer) is SERVER
+    with pytest.raises(StopIteration) as done:
+        steps.send(Server(api, None, "url"))
+    result: Images = done.value.value
+    return result
+
+
 def test_the_result_carries_provenance_without_the_image_data() -> None:
     request = ImageRequest.upscale(picture(), "RealESRGAN-x4plus", factor=None)
     headers = {provenance.HEADER: json.dumps({"model": "RealESRGAN-x4plus", "engine": "ncnn"})}
-    result = request.images(answer(picture(96, 64)), headers, provenance.Clock(), "http://127.0.0.1:1/api/v1")
+    result = answered(request.sent(), answer(picture(96, 64)), headers, "http://127.0.0.1:1/api/v1")
     facts = result.provenance
     assert facts["route"] == "images/upscale" and facts["engine"] == "ncnn" and facts["model"] == "RealESRGAN-x4plus"
     assert "image" not in facts["request"] and facts["server"] == "http://127.0.0.1:1/api/v1"
     edit = ImageRequest.edit(picture(), "x", "m", mask=picture(), n=1, size=None, seed=3)
-    edited = edit.images(answer(picture(), infos=[{"seed": 3}]), {}, provenance.Clock(), "api")
+    edited = answered(edit.sent(), answer(picture(), infos=[{"seed": 3}]), {}, "api")
     assert edited.provenance["request"]["files"] == ["image=image-0.png", "mask=mask.png"]
     assert edited.provenance["seed"] == 3 and edited.prompt == "x"
 
@@ -215,4 +231,7 @@ def test_the_public_names() -> None:
         assert getattr(lemonkit, name).__doc__ == getattr(lemonkit.Client, name).__doc__.replace(
             "lemonkit.Client().", "lemonkit."
         )
-        assert getattr(lemonkit.AsyncClient, name).__doc__.startswith("See ")
+        # one call: the async client's method, the sync one's and the module function take the same arguments
+        signature = inspect.signature(getattr(lemonkit.Client(start=False), name))
+        assert inspect.signature(getattr(lemonkit, name)) == signature
+        assert inspect.signature(getattr(lemonkit.AsyncClient(start=False), name)) == signature

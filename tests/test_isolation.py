@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from hub_server import HubServer, tiny_gguf_repo
 
-from lemonkit import caller
-from lemonkit.caller import Caller, CallerTag
-from lemonkit.config import Settings
+from lemonkit.catalog.config import Settings
+from lemonkit.catalog.registry import Registry
 from lemonkit.downloads import DownloadManager
 from lemonkit.errors import NotFound
-from lemonkit.logs import LogStore, StoreHandler
-from lemonkit.registry import Registry
+from lemonkit.serving import caller
+from lemonkit.serving.caller import Caller, CallerTag
+from lemonkit.serving.log_store import LogStore, StoreHandler
 
 ALICE = Caller("alice", admin=False, shared=True)
 BOB = Caller("bob", admin=False, shared=True)

@@ -1,7 +1,7 @@
 """Layers import only downward: a module may import its own layer and the layers below it, never one above.
 
-From the bottom: formats (wire shapes, files, parsers: no model, no state) -> models (what a model is and where
-its files are) -> engines (the sidecars' backends, downloads, recipes) -> serving (the model manager and what it
+From the bottom: formats (wire shapes, files, parsers: no model, no state) -> catalog (what a model is and where
+its files are) -> engines (the sidecars and their engines, downloads) -> serving (the model manager and what it
 runs on) -> the server and the Python client, side by side and never importing each other -> the notebook layer
 (``api``, widgets, magics, the CLI). The README's architecture section draws the same picture.
 """
@@ -15,82 +15,21 @@ import lemonkit
 
 PACKAGE = Path(lemonkit.__file__).parent
 
-FORMATS, MODELS, ENGINES, SERVING, SIDES, NOTEBOOK = range(6)
+FORMATS, CATALOG, ENGINES, SERVING, SIDES, NOTEBOOK = range(6)
+#: each top-level package (or module) of lemonkit and its layer
 LAYERS: dict[str, int] = {
-    **dict.fromkeys(
-        (
-            "_version",
-            "errors",
-            "sse",
-            "files",
-            "bodies",
-            "caller",
-            "logs",
-            "metrics",
-            "health",
-            "gguf_header",
-            "llamacpp_args",
-            "llamacpp_builds",
-            "accelerators",
-            "schemas",
-            "audio",
-            "vad",
-            "subtitles",
-            "diffusers_layout",
-            "whisper_parts",
-        ),
-        FORMATS,
-    ),
-    **dict.fromkeys(
-        (
-            "model_info",
-            "hf_cache",
-            "registry",
-            "bundled",
-            "kokoro_bundle",
-            "minilm_bundle",
-            "catalog",
-            "options",
-            "system_info",
-            "placement",
-            "config",
-            "omni",
-        ),
-        MODELS,
-    ),
-    **dict.fromkeys(("backends", "downloads", "recipes"), ENGINES),
-    **dict.fromkeys(
-        ("manager", "fairness", "installer", "response_store", "server_records", "voice_pipeline", "hub_discovery"),
-        SERVING,
-    ),
-    "server": SIDES,
-    **dict.fromkeys(
-        (
-            "client",
-            "api_requests",
-            "chat_methods",
-            "audio_methods",
-            "image_methods",
-            "results",
-            "display",
-            "speech",
-            "images",
-            "transcripts",
-            "voice_chat_reply",
-            "plots",
-            "provenance",
-            "conversation",
-            "map_items",
-        ),
-        SIDES,
-    ),
+    **dict.fromkeys(("_version", "errors", "formats"), FORMATS),
+    "catalog": CATALOG,
+    **dict.fromkeys(("backends", "downloads"), ENGINES),
+    "serving": SERVING,
+    **dict.fromkeys(("server", "client"), SIDES),
     **dict.fromkeys(("api", "widgets", "magics", "commands", "cli", "__main__", "__init__", "testing"), NOTEBOOK),
 }
 #: the server and the Python client share a layer and must not import each other
-CLIENT = {name for name, rank in LAYERS.items() if rank == SIDES and name != "server"}
+SIDE_BY_SIDE = {"server", "client"}
 #: the one upward import, by design: a model list shown in a notebook is the model browser widget, imported when
 #: Jupyter asks for its display (never on import; without anywidget it is a static table)
-DISPLAY_HOOKS = {("results.py", "widgets")}
+DISPLAY_HOOKS = {("client/results.py", "widgets")}
 
 
 def _top(module: str) -> str:
@@ -129,8 +68,32 @@ def test_layers_import_only_downward() -> None:
         for target in sorted(_top(m) for m in _imports(path)):
             if target not in LAYERS or target == source or (str(relative), target) in DISPLAY_HOOKS:
                 continue
-            wrong = LAYERS[target] > LAYERS[source]
-            wrong |= (source == "server" and target in CLIENT) or (source in CLIENT and target == "server")
+            wrong = LAYERS[target] > LAYERS[source] or {source, target} == SIDE_BY_SIDE
             if wrong:
                 upward.append(f"{relative} imports lemonkit.{target}")
     assert not upward, "\n".join(upward)
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A name says one job: no module or package is named like another anywhere in the tree (``server/speech.py``
+    and a client ``speech.py`` would be two things under one name)."""
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.stem not in {"__init__", "__main__"}:
+            seen.setdefault(path.stem, []).append(str(path.relative_to(PACKAGE)))
+        elif path.stem == "__init__" and path.parent != PACKAGE:
+            seen.setdefault(path.parent.name, []).append(f"{path.parent.relative_to(PACKAGE)}/")
+    assert not {name: where for name, where in seen.items() if len(where) > 1}
+
+
+def test_the_top_holds_only_packages_and_the_notebook_layer() -> None:
+    """The top of the package is its role packages, the notebook layer and ``errors``/``_version``."""
+    tops = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert tops == set(LAYERS), sorted(tops ^ set(LAYERS))
+
+
+def test_no_package_shadows_a_public_name() -> None:
+    """Importing ``lemonkit.<package>`` sets that attribute of ``lemonkit``: a package named like a public function
+    (``lemonkit.models()``) would replace it."""
+    tops = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert not tops & set(lemonkit.__all__)

@@ -11,7 +11,7 @@ import pytest
 import lemonkit
 
 #: layers a model's sidecar process never needs: the notebook client and its results, widgets, the HTTP server
-CLIENT_SIDE = ("lemonkit.api", "lemonkit.client", "lemonkit.results", "lemonkit.widgets", "lemonkit.server")
+CLIENT_SIDE = ("lemonkit.api", "lemonkit.client", "lemonkit.client.results", "lemonkit.widgets", "lemonkit.server")
 
 
 def _modules_after(code: str) -> list[str]:
@@ -45,6 +45,6 @@ def test_public_names_resolve_on_first_use() -> None:
     assert lemonkit.__version__ == lemonkit._version.__version__
     with pytest.raises(AttributeError, match="no_such_name"):
         _ = lemonkit.no_such_name
-    # a submodule as an attribute, imported on first use (notebooks write lemonkit.config.default_chat_model())
-    assert lemonkit.config.default_chat_model()
+    # a submodule as an attribute, imported on first use (notebooks write lemonkit.catalog.config.default_chat_model())
+    assert lemonkit.catalog.config.default_chat_model()
     assert _modules_after("import lemonkit; lemonkit.errors").count("lemonkit.errors") == 1

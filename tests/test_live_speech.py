@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lemonkit.config import LiveLimits
+from lemonkit.catalog.config import LiveLimits
 from lemonkit.errors import InvalidArgument
+from lemonkit.formats.vad import RmsVad, VadSettings
 from lemonkit.server.utterance import StableText
-from lemonkit.vad import RmsVad, VadSettings
 
 RATE = 16000
 

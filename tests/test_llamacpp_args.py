@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from lemonkit import llamacpp_args, schemas
 from lemonkit.errors import InvalidArgument
-from lemonkit.llamacpp_args import FORBIDDEN_LLAMACPP_FLAGS, merge_llamacpp_args, parse_llamacpp_args
-from lemonkit.schemas import validate
+from lemonkit.formats import llamacpp_args, schemas
+from lemonkit.formats.llamacpp_args import FORBIDDEN_LLAMACPP_FLAGS, merge_llamacpp_args, parse_llamacpp_args
+from lemonkit.formats.schemas import validate
 
 
 def test_parse_llamacpp_args():

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from lemonkit import accelerators, llamacpp_builds
-from lemonkit.gguf_header import read_gguf_layout
-from lemonkit.placement import (
+from lemonkit.catalog import accelerators, llamacpp_builds
+from lemonkit.catalog.placement import (
     CONTEXT_FLOOR,
     PROCESS_BYTES,
     MiB,
@@ -27,6 +26,7 @@ from lemonkit.placement import (
     host_estimate,
     parse_size,
 )
+from lemonkit.formats.gguf_header import read_gguf_layout
 from lemonkit.testing.tiny_gguf import write_tiny_llama
 
 

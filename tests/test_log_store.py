@@ -11,8 +11,8 @@ from collections import deque
 
 import pytest
 
-from lemonkit import logs
-from lemonkit.logs import LogStore, StoreHandler
+from lemonkit.serving import log_store as logs
+from lemonkit.serving.log_store import LogStore, StoreHandler
 
 
 def _seqs(encoded: list[str]) -> list[int]:

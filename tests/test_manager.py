@@ -11,10 +11,10 @@ import psutil
 from conftest import TINY
 from waiting import until
 
-from lemonkit.config import Settings
+from lemonkit.catalog.config import Settings
+from lemonkit.catalog.registry import Registry
 from lemonkit.errors import ModelLoadError
-from lemonkit.manager import ModelManager
-from lemonkit.registry import Registry
+from lemonkit.serving.manager import ModelManager
 
 
 async def test_closing_while_a_model_loads_leaves_no_sidecar() -> None:

@@ -10,10 +10,10 @@ import numpy as np
 from IPython.core.formatters import DisplayFormatter
 from PIL import Image
 
-from lemonkit import audio
-from lemonkit.display import _without_media
-from lemonkit.omni.media import audio_tag, image_markdown
-from lemonkit.results import ChatResult
+from lemonkit.catalog.omni.media import audio_tag, image_markdown
+from lemonkit.client.display import _without_media
+from lemonkit.client.results import ChatResult
+from lemonkit.formats import audio_codec as audio
 
 
 def _png() -> bytes:

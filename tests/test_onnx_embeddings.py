@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from lemonkit.backends.onnx_embeddings import OnnxEmbeddingEngine
-from lemonkit.config import DEFAULT_EMBEDDING_MODEL
+from lemonkit.catalog.config import DEFAULT_EMBEDDING_MODEL
+from lemonkit.catalog.registry import Registry
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotApplicable
-from lemonkit.registry import Registry
 
 
 @pytest.fixture(scope="module")

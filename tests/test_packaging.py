@@ -15,7 +15,7 @@ import lemonkit
 
 REPO = Path(__file__).resolve().parents[1]
 #: imported only when a kernel already loaded it (lemonkit.client finds its Jupyter server), when IPython runs
-#: (lemonkit.magics, lemonkit.display), or inside the one function that needs it (``to_pandas()``,
+#: (lemonkit.magics, lemonkit.client.display), or inside the one function that needs it (``to_pandas()``,
 #: ``lemonkit.openai_client()``): the ``notebook`` extra declares them
 OPTIONAL_IMPORTS = {"ipykernel", "IPython", "pandas", "openai"}
 

@@ -1,4 +1,4 @@
-"""The options chain, the automatic context size and the checks on a saved change (lemonkit.options)."""
+"""The options chain, the automatic context size and the checks on a saved change (lemonkit.catalog.recipe_options)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lemonkit.config import Settings
-from lemonkit.errors import InvalidArgument
-from lemonkit.options import (
+from lemonkit.catalog.config import Settings
+from lemonkit.catalog.recipe_options import (
     DEFAULT_CTX_SIZE,
     apply_changes,
     check_runnable,
@@ -21,7 +20,8 @@ from lemonkit.options import (
     resolve_options,
     resolved_ctx_size,
 )
-from lemonkit.registry import ModelInfo
+from lemonkit.catalog.registry import ModelInfo
+from lemonkit.errors import InvalidArgument
 
 
 def _info(**recipe_options: object) -> ModelInfo:
@@ -97,7 +97,7 @@ def test_merge_args_merges_per_flag(tmp_path: Path, model_args: str, merged: str
         # the model's string is its highest layer's, whole: only the server's string merges under it
         resolved = resolve_options(_info(**row), settings, saved, request)
         assert resolved.effective["llamacpp_args"] == merged and resolved.effective["merge_args"] is True
-    from lemonkit.llamacpp_args import parse_llamacpp_args
+    from lemonkit.formats.llamacpp_args import parse_llamacpp_args
 
     # what the engine makes of the merged string is what the server's then the model's flags make
     assert parse_llamacpp_args(merged) == parse_llamacpp_args(f"{SERVER_ARGS} {model_args}")
@@ -154,9 +154,9 @@ def test_merging_imports_no_inference_library() -> None:
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from lemonkit.config import Settings\n"
-        "from lemonkit.options import resolve_options\n"
-        "from lemonkit.registry import ModelInfo\n"
+        "from lemonkit.catalog.config import Settings\n"
+        "from lemonkit.catalog.recipe_options import resolve_options\n"
+        "from lemonkit.catalog.registry import ModelInfo\n"
         "info = ModelInfo(id='m', checkpoint='o/r:Q4_0', recipe='llamacpp', recipe_options={'llamacpp_args': '-t 2'})\n"
         "settings = Settings(cache_dir=Path('.'), llamacpp_args='--threads 1 --no-mmap')\n"
         "assert resolve_options(info, settings, {}).effective['llamacpp_args'] == '--no-mmap -t 2'\n"

@@ -12,13 +12,13 @@ from typing import Any
 import gguf
 import pytest
 
-from lemonkit import hf_cache as hf_cache_module
-from lemonkit import registry as registry_module
+from lemonkit.catalog import hf_cache as hf_cache_module
+from lemonkit.catalog import registry as registry_module
+from lemonkit.catalog.hf_cache import checkpoint_files, select_gguf_files
+from lemonkit.catalog.model_info import ModelInfo, labels_with_flags, normalize_labels, validate_labels
+from lemonkit.catalog.registry import Registry
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotFound
-from lemonkit.gguf_header import read_gguf_context_length
-from lemonkit.hf_cache import checkpoint_files, select_gguf_files
-from lemonkit.model_info import ModelInfo, labels_with_flags, normalize_labels, validate_labels
-from lemonkit.registry import Registry
+from lemonkit.formats.gguf_header import read_gguf_context_length
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -101,7 +101,7 @@ def reg(cache: Path, hf_cache: Path) -> Registry:
 
 
 def test_catalog_loads_every_row(reg: Registry, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.ERROR, logger="lemonkit.registry"):
+    with caplog.at_level(logging.ERROR, logger="lemonkit.catalog.registry"):
         rows = json.loads(registry_module.CATALOG_PATH.read_text())
         fresh = Registry(reg.cache_dir, hf_cache=reg.hf_cache)
     assert not caplog.records, caplog.text
@@ -242,7 +242,7 @@ def test_user_models(cache: Path, hf_cache: Path, caplog: pytest.LogCaptureFixtu
     }
     write_user_models(cache, rows)
     before = (cache / "user_models.json").read_text()
-    with caplog.at_level(logging.ERROR, logger="lemonkit.registry"):
+    with caplog.at_level(logging.ERROR, logger="lemonkit.catalog.registry"):
         reg = Registry(cache, hf_cache=hf_cache)
 
     phi = reg.get("user.Phi-4-Mini-GGUF")
@@ -274,7 +274,7 @@ def test_user_models_file_change_is_picked_up(cache: Path, hf_cache: Path) -> No
 def test_unreadable_user_models(cache: Path, hf_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
     cache.mkdir()
     (cache / "user_models.json").write_text("{not json")
-    with caplog.at_level(logging.ERROR, logger="lemonkit.registry"):
+    with caplog.at_level(logging.ERROR, logger="lemonkit.catalog.registry"):
         reg = Registry(cache, hf_cache=hf_cache)
     assert "user_models.json" in caplog.text
     assert reg.get("Qwen3-0.6B-GGUF")
@@ -615,7 +615,7 @@ def test_save_options_atomic_and_reloaded(cache: Path, hf_cache: Path, monkeypat
 def test_unreadable_recipe_options(cache: Path, hf_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
     cache.mkdir()
     (cache / "recipe_options.json").write_text("[1, 2]")
-    with caplog.at_level(logging.ERROR, logger="lemonkit.registry"):
+    with caplog.at_level(logging.ERROR, logger="lemonkit.catalog.registry"):
         reg = Registry(cache, hf_cache=hf_cache)
         assert reg.saved_options("Qwen3-0.6B-GGUF") == {}
     assert "recipe_options.json" in caplog.text

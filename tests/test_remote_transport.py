@@ -14,12 +14,12 @@ from llama_cpp_server import free_port
 
 from lemonkit.backends.remote import Endpoint, RemoteTransport, Upstream, check_hosts, host_allowed, map_error
 from lemonkit.backends.remote import read_api_key as read_key
-from lemonkit.catalog import SupportPolicy
-from lemonkit.config import RemoteSettings
+from lemonkit.catalog.config import RemoteSettings
+from lemonkit.catalog.model_info import parse_row
+from lemonkit.catalog.registry import Registry
+from lemonkit.catalog.support import SupportPolicy
+from lemonkit.catalog.system_info import DEFAULT_RECIPES
 from lemonkit.errors import Forbidden, ModelLoadError
-from lemonkit.model_info import parse_row
-from lemonkit.registry import Registry
-from lemonkit.system_info import DEFAULT_RECIPES
 
 KEY = "sk-upstream-unit"
 

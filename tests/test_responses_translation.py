@@ -13,7 +13,7 @@ import pytest
 from openai.types.responses import FunctionTool, Response, ResponseStreamEvent
 
 from lemonkit.errors import BackendError
-from lemonkit.schemas import validate
+from lemonkit.formats.schemas import validate
 from lemonkit.server.responses import ResponseStream, from_chat_completion, to_chat_request
 
 EVENTS: pydantic.TypeAdapter[ResponseStreamEvent] = pydantic.TypeAdapter(ResponseStreamEvent)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from lemonkit.errors import InvalidArgument, InvalidJSON, MissingArgument
-from lemonkit.schemas import FORBIDDEN_LLAMACPP_FLAGS, ROUTES, validate
+from lemonkit.formats.schemas import FORBIDDEN_LLAMACPP_FLAGS, ROUTES, validate
 
 CHAT_FULL: dict[str, Any] = {
     "model": "Qwen3-0.6B-GGUF",

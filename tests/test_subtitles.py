@@ -1,8 +1,8 @@
-"""SubRip and WebVTT from transcript segments (lemonkit.subtitles)."""
+"""SubRip and WebVTT from transcript segments (lemonkit.formats.subtitles)."""
 
 from __future__ import annotations
 
-from lemonkit.subtitles import timestamp, to_srt, to_vtt
+from lemonkit.formats.subtitles import timestamp, to_srt, to_vtt
 
 SEGMENTS = [
     {"start": 0.0, "end": 2.5, "text": " Hello there."},

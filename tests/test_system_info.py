@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from lemonkit import system_info as si
-from lemonkit.system_info import DEFAULT_RECIPES, backend_status, detect_devices, system_info
+from lemonkit.catalog import system_info as si
+from lemonkit.catalog.system_info import DEFAULT_RECIPES, backend_status, detect_devices, system_info
 
 CPUINFO = "".join(
     f"processor\t: {n}\nmodel name\t: Fake CPU 9000\nphysical id\t: {n // 4}\ncore id\t\t: {n % 4 // 2}\n\n"
@@ -157,7 +157,7 @@ def test_gpu_present_makes_its_build_installable(tmp_path: Path) -> None:
 
 
 def test_fake_vulkan_gpus_choose_vulkan_once_installed(tmp_path: Path) -> None:
-    from lemonkit import llamacpp_builds
+    from lemonkit.catalog import llamacpp_builds
 
     drivers = {"vulkan": {"devices": [{"index": 0, "name": "Radeon", "type": "discrete_gpu", "ggml_name": "Vulkan0"}]}}
     cache = tmp_path / "cache"

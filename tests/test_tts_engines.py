@@ -17,15 +17,15 @@ import pytest
 import soundfile
 from conftest import CACHE_DIR
 
-from lemonkit import audio
 from lemonkit.backends import engine_class
-from lemonkit.backends.base import Binary, BinaryStream
+from lemonkit.backends.protocol import Binary, BinaryStream
 from lemonkit.backends.tts import OPENAI_VOICES, SpeechEngine, sentences
 from lemonkit.backends.tts.kokoro import find_model_files
 from lemonkit.backends.tts.piper import find_voice_files
-from lemonkit.config import DEFAULT_SPEECH_MODEL, default_speech_model
+from lemonkit.catalog.config import DEFAULT_SPEECH_MODEL, default_speech_model
+from lemonkit.catalog.registry import Registry
 from lemonkit.errors import InvalidArgument, ModelLoadError
-from lemonkit.registry import Registry
+from lemonkit.formats import audio_codec as audio
 
 #: bundled model -> its sample rate
 BUNDLED = {"Piper-Joe-Medium-Bundled": 22050, "Hibari-Bundled": 24000, "Kokoro-82M-Int8-Bundled": 24000}

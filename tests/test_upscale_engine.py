@@ -18,11 +18,11 @@ from PIL import Image
 from upscale_images import MIN_PSNR, UPSCALERS, bicubic, noise, picture, png, psnr, rgb
 
 from lemonkit.backends import engine_class
-from lemonkit.backends.base import Upload
 from lemonkit.backends.ncnn_upscale import MAX_OUTPUT_PIXELS, PAD, NcnnUpscaleEngine, tiles
-from lemonkit.config import DEFAULT_UPSCALE_MODEL, default_upscale_model
+from lemonkit.backends.protocol import Upload
+from lemonkit.catalog.config import DEFAULT_UPSCALE_MODEL, default_upscale_model
+from lemonkit.catalog.registry import Registry
 from lemonkit.errors import BackendError, InvalidArgument, ModelLoadError
-from lemonkit.registry import Registry
 
 #: the fast network (a few ms for a small image): what the tests that are not about quality run on
 FAST = "realesr-animevideov3-x4"

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from speech import SENTENCES, normalised_words, speech_wav
 
-from lemonkit.backends.base import Upload
+from lemonkit.backends.protocol import Upload
 from lemonkit.backends.whisper import FasterWhisperEngine
-from lemonkit.config import DEFAULT_TRANSCRIPTION_MODEL, default_transcription_model
+from lemonkit.catalog.config import DEFAULT_TRANSCRIPTION_MODEL, default_transcription_model
+from lemonkit.catalog.registry import Registry
 from lemonkit.errors import InvalidArgument, MissingArgument, ModelLoadError
-from lemonkit.registry import Registry
 
 NEVER = lambda: False  # noqa: E731 - the engine's "cancelled" callback for a client that stays
 
@@ -184,7 +184,7 @@ def test_bundled_base_is_assembled_and_detects_the_language(tmp_path: Path) -> N
 
 
 def test_base_without_its_second_package_is_a_load_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lemonkit import whisper_parts
+    from lemonkit.catalog import whisper_parts
 
     monkeypatch.setattr(whisper_parts, "_SECOND", ("no-such-whisper-part2", "no_such/model.bin.part2"))
     registry = Registry(tmp_path / "cache", hf_cache=tmp_path / "hf")

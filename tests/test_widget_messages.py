@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import traitlets
 
-from lemonkit.widgets.base import Panel
+from lemonkit.widgets.panel import Panel
 
 
 class Recorder(Panel):

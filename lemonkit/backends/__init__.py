@@ -1,6 +1,6 @@
 """Engine adapters, one module or package per recipe (``llamacpp``, ``onnxruntime``), and the sidecar that hosts them.
 
-:mod:`~lemonkit.backends.base` is the sidecar-engine protocol, :mod:`~lemonkit.backends.sidecar` the process that
+:mod:`~lemonkit.backends.protocol` is the sidecar-engine protocol, :mod:`~lemonkit.backends.sidecar` the process that
 hosts one engine, :mod:`~lemonkit.backends.transport` the server's side of the hop to it, and
 :mod:`~lemonkit.backends.chat` the model-free chat formatting LLM engines share.
 

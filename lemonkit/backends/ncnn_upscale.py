@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lemonkit.backends.base import NO_STATS, Cancelled, LoadSpec, physical_cores
 from lemonkit.backends.images.pictures import decode_image, encode_png
+from lemonkit.backends.protocol import NO_STATS, Cancelled, LoadSpec, physical_cores
 from lemonkit.errors import BackendError, InvalidArgument, ModelLoadError
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def _network_files(path: Path) -> tuple[Path, Path]:
 
 
 class NcnnUpscaleEngine:
-    """One Real-ESRGAN network (see :class:`lemonkit.backends.base.Engine`; it serves ``upscale`` only).
+    """One Real-ESRGAN network (see :class:`lemonkit.backends.protocol.Engine`; it serves ``upscale`` only).
 
     Args:
         spec: ``model_path`` (the ``.param``, its ``.bin`` or their directory); ``options.n_threads`` (default:

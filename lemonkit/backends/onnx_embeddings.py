@@ -5,10 +5,10 @@ The model is a directory in the layout of sentence-transformers' hub repos with 
 (or ``model.onnx``) taking ``input_ids``, ``attention_mask`` (and ``token_type_ids``) and returning the last hidden
 state; ``tokenizer.json``; ``1_Pooling/config.json`` (mean or CLS pooling; mean without it); and
 ``sentence_bert_config.json``, whose ``max_seq_length`` is where inputs are truncated, as sentence-transformers
-truncates them. The bundled all-MiniLM-L6-v2 is laid out this way by :mod:`lemonkit.minilm_bundle`.
+truncates them. The bundled all-MiniLM-L6-v2 is laid out this way by :mod:`lemonkit.catalog.minilm_bundle`.
 
 Lemonade's ``onnxruntime`` recipe also classifies; this engine only embeds (classification models of the recipe are
-listed as unsupported, see :mod:`lemonkit.catalog`).
+listed as unsupported, see :mod:`lemonkit.catalog.support`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from lemonkit.backends.base import Cancelled, LoadSpec, physical_cores
-from lemonkit.backends.devices import onnx_providers
+from lemonkit.backends.engine_devices import onnx_providers
+from lemonkit.backends.protocol import Cancelled, LoadSpec, physical_cores
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotApplicable
 
 __all__ = ["OnnxEmbeddingEngine"]
@@ -39,7 +39,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 class OnnxEmbeddingEngine:
-    """One ONNX sentence-embedding model (see :class:`lemonkit.backends.base.Engine`).
+    """One ONNX sentence-embedding model (see :class:`lemonkit.backends.protocol.Engine`).
 
     Args:
         spec: ``model_path`` (the model directory), ``type`` (must be ``embedding``), optional ``options``

@@ -1,8 +1,8 @@
 """The ``remote`` recipe: a model another server serves (vLLM, SGLang, llama-server, Ollama, KServe, Ray Serve,
 another lemonkit), reached over its OpenAI-compatible API.
 
-A loaded remote model is a :class:`~lemonkit.manager.LoadedModel` without a sidecar process: its ``client`` is an
-``httpx.AsyncClient`` whose :class:`RemoteTransport` answers the sidecar's routes by forwarding them upstream, so
+A loaded remote model is a :class:`~lemonkit.serving.manager.LoadedModel` without a sidecar process: its ``client`` is
+an ``httpx.AsyncClient`` whose :class:`RemoteTransport` answers the sidecar's routes by forwarding them upstream, so
 every handler serves it exactly as it serves a local model. The transport rewrites the body's ``model`` to the
 upstream's id, adds the upstream's key, balances requests across the model's URLs (round-robin), fails over to the
 next URL when one cannot be reached before it answered anything (a stream that started is never replayed), and
@@ -26,10 +26,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from lemonkit.backends.base import NO_STATS
-from lemonkit.config import RemoteSettings
+from lemonkit.backends.protocol import NO_STATS
+from lemonkit.catalog.config import RemoteSettings
+from lemonkit.catalog.model_info import ModelInfo
 from lemonkit.errors import Forbidden, ModelLoadError
-from lemonkit.model_info import ModelInfo
 
 __all__ = [
     "SLOTS_PER_ENDPOINT",

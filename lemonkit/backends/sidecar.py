@@ -1,7 +1,7 @@
 """The sidecar process: one engine, one model, an ASGI app under uvicorn.
 
-Started by :mod:`lemonkit.manager` as ``python -m lemonkit.backends.sidecar
---socket PATH``; the :class:`~lemonkit.backends.base.LoadSpec` arrives as one
+Started by :mod:`lemonkit.serving.manager` as ``python -m lemonkit.backends.sidecar
+--socket PATH``; the :class:`~lemonkit.backends.protocol.LoadSpec` arrives as one
 JSON line on stdin. The process prints one JSON line on stdout when it is ready
 to serve (or failed to load), and exits when its stdin closes, so a dead parent
 never leaves a model resident.
@@ -31,10 +31,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from lemonkit import sse
 from lemonkit.backends import engine_class, handoff
-from lemonkit.backends.base import ROUTES, Binary, BinaryStream, Engine, LoadSpec, Upload
+from lemonkit.backends.protocol import ROUTES, Binary, BinaryStream, Engine, LoadSpec, Upload
 from lemonkit.errors import BackendError, InvalidArgument, LemonkitError, ModelNotApplicable
+from lemonkit.formats import sse
 
 __all__ = ["create_app", "main"]
 
@@ -147,7 +147,7 @@ def _expects_sse(body: dict[str, Any]) -> bool:
 
 
 def create_app(engine: Engine, *, ping_interval: float = 10.0, handoffs: handoff.Handoffs | None = None) -> Starlette:
-    """The ASGI app serving ``engine``: the routes of :data:`~lemonkit.backends.base.ROUTES`, ``/health`` and
+    """The ASGI app serving ``engine``: the routes of :data:`~lemonkit.backends.protocol.ROUTES`, ``/health`` and
     ``/stats``.
 
     Args:

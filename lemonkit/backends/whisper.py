@@ -4,8 +4,8 @@ The model is a directory in the layout of the CTranslate2 hub repos (``Systran/f
 ``config.json``, ``tokenizer.json``, ``vocabulary.*`` and, optionally, ``preprocessor_config.json`` (the mel
 settings; Whisper's 80-bin defaults without it).
 
-Three calls (see :mod:`lemonkit.backends.base`): :meth:`FasterWhisperEngine.transcribe` (one upload, a JSON answer or
-``transcript.text.*`` events), :meth:`~FasterWhisperEngine.align` (forced alignment of a known text with
+Three calls (see :mod:`lemonkit.backends.protocol`): :meth:`FasterWhisperEngine.transcribe` (one upload, a JSON answer
+or ``transcript.text.*`` events), :meth:`~FasterWhisperEngine.align` (forced alignment of a known text with
 CTranslate2's ``Whisper.align``) and :meth:`~FasterWhisperEngine.transcribe_batch` (several uploads through
 faster-whisper's batched pipeline, one event per file as it is done); and the generic tasks of audio-api.md
 (:meth:`~FasterWhisperEngine.run_task`, :meth:`~FasterWhisperEngine.run_task_batch`), which map onto the same calls.
@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from lemonkit.audio import WHISPER_RATE, Decoded, decode
-from lemonkit.backends.base import Cancelled, LoadSpec, Upload, physical_cores
-from lemonkit.backends.devices import ctranslate2_device
-from lemonkit.backends.tasks import TaskRequest, artifact, batch_requests, stream_events
+from lemonkit.backends.engine_devices import ctranslate2_device
+from lemonkit.backends.protocol import Cancelled, LoadSpec, Upload, physical_cores
+from lemonkit.backends.task_engine import TaskRequest, artifact, batch_requests, stream_events
 from lemonkit.errors import InvalidArgument, MissingArgument, ModelLoadError
+from lemonkit.formats.audio_codec import WHISPER_RATE, Decoded, decode
 
 __all__ = ["FasterWhisperEngine"]
 
@@ -191,7 +191,7 @@ def _first_upload(body: dict[str, Any]) -> Upload:
 
 
 class FasterWhisperEngine:
-    """One CTranslate2 Whisper model (see :class:`lemonkit.backends.base.Engine`).
+    """One CTranslate2 Whisper model (see :class:`lemonkit.backends.protocol.Engine`).
 
     Args:
         spec: ``model_path`` (the model directory), ``type`` (must be ``transcription``), optional ``options``
@@ -479,7 +479,7 @@ class FasterWhisperEngine:
     # -- generic tasks (audio-api.md's /v1/tasks/*) ----------------------------------------------------------
 
     def run_task(self, body: dict[str, Any], *, cancelled: Cancelled) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """``/v1/tasks/run`` and ``/stream``: the task's audio to text (see :mod:`lemonkit.backends.tasks`).
+        """``/v1/tasks/run`` and ``/stream``: the task's audio to text (see :mod:`lemonkit.backends.task_engine`).
 
         ``options``: :data:`TASK_OPTIONS`. ``max_tokens`` bounds the tokens decoded per 30-s window; ``text``,
         ``seed``, ``voice_ref`` and artifacts are not read (Whisper has no use for them).
@@ -488,7 +488,7 @@ class FasterWhisperEngine:
             ``{"text", "language", "duration", "artifacts", "timing"}``, with ``options.word_timestamps`` also
             ``word_timestamps`` (``word``, ``start``/``end`` in seconds, ``start_sample``/``end_sample``,
             ``confidence``), ``sample_rate`` and a ``transcript_alignment`` artifact of those words; with ``stream``
-            the events of :func:`~lemonkit.backends.tasks.stream_events`, one per segment (its ``partial_text``).
+            the events of :func:`~lemonkit.backends.task_engine.stream_events`, one per segment (its ``partial_text``).
 
         Raises:
             MissingArgument: No audio.

@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lemonkit.downloads.hub import Hub, RemoteFile, retryable
+from lemonkit.catalog.hf_cache import HubCache, stat_key
+from lemonkit.downloads.hub_api import Hub, RemoteFile, retryable
 from lemonkit.downloads.job import Job, Plan, Stopped
 from lemonkit.errors import DownloadError
-from lemonkit.hf_cache import HubCache, stat_key
 
 __all__ = ["Fetcher"]
 

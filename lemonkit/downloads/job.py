@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lemonkit.downloads.hub import RemoteFile
+from lemonkit.catalog.model_info import ModelInfo
+from lemonkit.downloads.hub_api import RemoteFile
 from lemonkit.errors import DownloadStopped, LemonkitError
-from lemonkit.model_info import ModelInfo
 
 __all__ = ["STOPPED", "Job", "Plan", "Stopped", "progress_events", "running_loop"]
 

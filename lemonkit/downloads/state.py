@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lemonkit.downloads.hub import RemoteFile
+from lemonkit.catalog.hf_cache import check_repo_id, hub_hash, read_json_object, stat_key
+from lemonkit.catalog.model_info import ModelInfo
+from lemonkit.catalog.registry import Registry
+from lemonkit.downloads.hub_api import RemoteFile
 from lemonkit.downloads.job import STOPPED, Plan
 from lemonkit.errors import LemonkitError, ModelNotFound
-from lemonkit.files import atomic_write_json
-from lemonkit.hf_cache import check_repo_id, hub_hash, read_json_object, stat_key
-from lemonkit.model_info import ModelInfo
-from lemonkit.registry import Registry
+from lemonkit.formats.files import atomic_write_json
 
 __all__ = ["STATE_FILE", "Revived", "SavedJobs"]
 

@@ -7,11 +7,11 @@ import queue
 import threading
 import time
 
-from lemonkit.downloads.hub import Hub
+from lemonkit.catalog.hf_cache import is_local, parse_checkpoint
+from lemonkit.catalog.model_info import ModelInfo
+from lemonkit.catalog.registry import Registry
+from lemonkit.downloads.hub_api import Hub
 from lemonkit.errors import LemonkitError
-from lemonkit.hf_cache import is_local, parse_checkpoint
-from lemonkit.model_info import ModelInfo
-from lemonkit.registry import Registry
 
 __all__ = ["UpdateChecker"]
 

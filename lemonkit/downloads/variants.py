@@ -6,8 +6,8 @@ import re
 from pathlib import PurePosixPath
 from typing import Any
 
-from lemonkit.downloads.hub import Listing
-from lemonkit.hf_cache import shard_prefix
+from lemonkit.catalog.hf_cache import shard_prefix
+from lemonkit.downloads.hub_api import Listing
 
 __all__ = ["PREFERRED_QUANTS", "list_variants"]
 

@@ -19,13 +19,13 @@ from typing import Any
 
 import httpx
 
-from lemonkit import schemas, sse
+from lemonkit.catalog.model_info import a_model_of
+from lemonkit.catalog.registry import ModelInfo
 from lemonkit.errors import InvalidArgument, LemonkitError, MissingArgument, ModelNotApplicable
-from lemonkit.manager import LoadedModel
-from lemonkit.model_info import a_model_of
-from lemonkit.registry import ModelInfo
-from lemonkit.server.base import LemonkitHandler, as_lemonkit_error
+from lemonkit.formats import schemas, sse
 from lemonkit.server.chat_stream import ChatStream, Piece
+from lemonkit.server.handler import LemonkitHandler, as_lemonkit_error
+from lemonkit.serving.manager import LoadedModel
 
 __all__ = ["CountTokensHandler", "MessagesHandler", "chat_request"]
 

@@ -16,13 +16,13 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 from tornado import web, websocket
 from traitlets import Bool, Int, List, Unicode, default
 
-from lemonkit import hub_discovery
-from lemonkit.config import LiveLimits, RemoteSettings, Settings, UserLimits
+from lemonkit.catalog.config import LiveLimits, RemoteSettings, Settings, UserLimits
+from lemonkit.catalog.placement import parse_size
+from lemonkit.catalog.system_info import load_recipes
 from lemonkit.errors import Unauthorized
-from lemonkit.placement import parse_size
 from lemonkit.server import forward, routes
 from lemonkit.server.service import SETTINGS_KEY, Service
-from lemonkit.system_info import load_recipes
+from lemonkit.serving import hub_discovery
 
 __all__ = ["JupyterHandler", "JupyterWebSocketHandler", "LemonkitExtension"]
 

@@ -18,10 +18,10 @@ from urllib.parse import quote
 import httpx
 from tornado import httpclient, websocket
 
-from lemonkit import hub_discovery
 from lemonkit.errors import HubServiceError, LemonkitError
-from lemonkit.server.base import LemonkitHandler, LemonkitWebSocket, allow_unauthenticated, error_event
+from lemonkit.server.handler import LemonkitHandler, LemonkitWebSocket, allow_unauthenticated, error_event
 from lemonkit.server.routes import API_PREFIXES, VERSIONED_WS_ROUTES, WS_ROUTES
+from lemonkit.serving import hub_discovery
 
 __all__ = ["UPSTREAM_KEY", "Upstream", "build"]
 

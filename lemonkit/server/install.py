@@ -17,10 +17,10 @@ from typing import Any
 
 from tornado.concurrent import Future
 
-from lemonkit import sse
 from lemonkit.errors import LemonkitError
-from lemonkit.installer import LineSink
-from lemonkit.server.base import LemonkitHandler
+from lemonkit.formats import sse
+from lemonkit.server.handler import LemonkitHandler
+from lemonkit.serving.installer import LineSink
 
 __all__ = ["InstallHandler", "UninstallHandler"]
 

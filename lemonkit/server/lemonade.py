@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from lemonkit.catalog.recipe_options import RECIPE_OPTIONS
+from lemonkit.catalog.registry import COLLECTION_OMNI, ModelInfo, Registry
+from lemonkit.catalog.system_info import system_info
 from lemonkit.errors import InvalidArgument, ModelLoadRefused, ModelNotFound
-from lemonkit.options import RECIPE_OPTIONS
-from lemonkit.registry import COLLECTION_OMNI, ModelInfo, Registry
-from lemonkit.server.base import LemonkitHandler, allow_unauthenticated
-from lemonkit.system_info import system_info
+from lemonkit.server.handler import LemonkitHandler, allow_unauthenticated
 
 __all__ = ["HealthHandler", "LiveHandler", "LoadHandler", "StatsHandler", "SystemInfoHandler", "UnloadHandler"]
 

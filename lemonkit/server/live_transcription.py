@@ -30,9 +30,8 @@ from typing import Any
 import numpy as np
 from tornado import httputil, iostream, web
 
-from lemonkit import sse
-from lemonkit.audio import WHISPER_RATE, from_pcm
-from lemonkit.config import LiveLimits
+from lemonkit.catalog.config import LiveLimits
+from lemonkit.catalog.model_info import a_model_of
 from lemonkit.errors import (
     BodyError,
     InvalidArgument,
@@ -41,10 +40,11 @@ from lemonkit.errors import (
     MissingArgument,
     ModelNotApplicable,
 )
-from lemonkit.model_info import a_model_of
-from lemonkit.server.base import SSE_HEADERS, LemonkitHandler, as_lemonkit_error, error_event
+from lemonkit.formats import sse
+from lemonkit.formats.audio_codec import WHISPER_RATE, from_pcm
+from lemonkit.formats.vad import VadSettings
+from lemonkit.server.handler import SSE_HEADERS, LemonkitHandler, as_lemonkit_error, error_event
 from lemonkit.server.utterance import SidecarTranscriber, SpeechInput, StableText
-from lemonkit.vad import VadSettings
 
 __all__ = ["LiveTranscriptionHandler"]
 

@@ -13,10 +13,10 @@ from typing import Any
 
 from tornado.websocket import WebSocketClosedError
 
-from lemonkit.bodies import parse_json
 from lemonkit.errors import InvalidArgument, InvalidJSON, LemonkitError
-from lemonkit.logs import STORE
-from lemonkit.server.base import LemonkitWebSocket
+from lemonkit.formats.bodies import parse_json
+from lemonkit.server.handler import LemonkitWebSocket
+from lemonkit.serving.log_store import STORE
 
 __all__ = ["SNAPSHOT_BYTES", "LogStreamHandler"]
 

@@ -1,8 +1,8 @@
 """``GET /metrics``: the server's figures in Prometheus' text format, labelled per model.
 
 Requests admitted, loads and unloads (evictions by reason), tokens in and out, time to first token and time per
-output token (histograms the engines keep, :mod:`lemonkit.metrics`), queue depth and slots, host memory, and the
-bytes downloads took off the network. Authenticated like every route unless the operator opens it
+output token (histograms the engines keep, :mod:`lemonkit.formats.generation_metrics`), queue depth and slots, host
+memory, and the bytes downloads took off the network. Authenticated like every route unless the operator opens it
 (``LEMONKIT_METRICS_OPEN=1``, standalone and hub: a Prometheus server on the same network reads it without a key).
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from lemonkit.placement import MiB
-from lemonkit.server.base import LemonkitHandler
+from lemonkit.catalog.placement import MiB
+from lemonkit.server.handler import LemonkitHandler
 from lemonkit.server.service import Service
 
 __all__ = ["MetricsHandler", "render"]

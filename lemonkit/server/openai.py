@@ -14,15 +14,15 @@ from typing import Any
 
 import httpx
 
-from lemonkit import sse
-from lemonkit.catalog import Support
+from lemonkit.catalog.model_info import a_model_of
+from lemonkit.catalog.registry import COLLECTION_OMNI, ModelInfo
+from lemonkit.catalog.support import Support
 from lemonkit.errors import InvalidArgument, LemonkitError, ModelNotApplicable, NotEmbeddingModel, NotFound
-from lemonkit.manager import LoadedModel
-from lemonkit.model_info import a_model_of
-from lemonkit.registry import COLLECTION_OMNI, ModelInfo
+from lemonkit.formats import sse
 from lemonkit.server import provenance, responses
-from lemonkit.server.base import LemonkitHandler, error_event
-from lemonkit.server.omni import OmniChat
+from lemonkit.server.handler import LemonkitHandler, error_event
+from lemonkit.server.omni_loop import OmniChat
+from lemonkit.serving.manager import LoadedModel
 
 __all__ = [
     "ChatCompletionsHandler",

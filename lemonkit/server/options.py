@@ -1,8 +1,8 @@
 """Per-model files and options: ``/v1/models/{id}/files`` and ``/v1/models/{id}/options`` (spec: ``openai-api.md``).
 
-Options resolve through :func:`lemonkit.options.resolve_options`, the chain a load uses, so ``effective`` is what the
-next load of the model gets. Saving goes through :meth:`lemonkit.registry.Registry.update_options` (one atomic
-read-modify-write of ``recipe_options.json``); every disk access runs in a thread.
+Options resolve through :func:`lemonkit.catalog.recipe_options.resolve_options`, the chain a load uses, so ``effective``
+is what the next load of the model gets. Saving goes through :meth:`lemonkit.catalog.registry.Registry.update_options`
+(one atomic read-modify-write of ``recipe_options.json``); every disk access runs in a thread.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from lemonkit.catalog.recipe_options import apply_changes, load_body, parse_changes, resolved_ctx_size
+from lemonkit.catalog.registry import ModelInfo
 from lemonkit.errors import LemonkitError, ModelLoadError, ModelNotFound
-from lemonkit.options import apply_changes, load_body, parse_changes, resolved_ctx_size
-from lemonkit.registry import ModelInfo
-from lemonkit.server.base import LemonkitHandler
+from lemonkit.server.handler import LemonkitHandler
 from lemonkit.server.openai import _flag
 
 __all__ = ["ModelFilesHandler", "ModelOptionsHandler"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lemonkit._version import __version__
-from lemonkit.manager import LoadedModel
+from lemonkit.serving.manager import LoadedModel
 
 __all__ = ["HEADER", "header_value"]
 

@@ -18,13 +18,13 @@ from typing import Any
 
 from tornado.websocket import WebSocketClosedError
 
-from lemonkit.audio import WHISPER_RATE, from_pcm
-from lemonkit.bodies import parse_json
+from lemonkit.catalog.model_info import a_model_of
 from lemonkit.errors import InvalidArgument, InvalidJSON, LemonkitError, MissingArgument, ModelNotApplicable
-from lemonkit.model_info import a_model_of
-from lemonkit.server.base import LemonkitWebSocket
+from lemonkit.formats.audio_codec import WHISPER_RATE, from_pcm
+from lemonkit.formats.bodies import parse_json
+from lemonkit.formats.vad import VadSettings
+from lemonkit.server.handler import LemonkitWebSocket
 from lemonkit.server.utterance import SidecarTranscriber, SpeechInput, new_id
-from lemonkit.vad import VadSettings
 
 __all__ = ["RealtimeHandler"]
 

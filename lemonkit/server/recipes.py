@@ -1,8 +1,8 @@
 """Recipe routes: ``GET /v1/recipes`` and ``POST /v1/recipes/run`` (spec: ``audio-api.md``).
 
-The catalogue and the request's checks are :mod:`lemonkit.recipes`', the voice-chat pipeline is
-:mod:`lemonkit.voice_pipeline`'s; this module serves them and reaches the models (:class:`SidecarStages`: each role's
-model held through the manager, as any inference route holds its one).
+The catalogue and the request's checks are :mod:`lemonkit.serving.recipe_pipelines`', the voice-chat pipeline is
+:mod:`lemonkit.serving.voice_pipeline`'s; this module serves them and reaches the models (:class:`SidecarStages`: each
+role's model held through the manager, as any inference route holds its one).
 
 ``stream: true`` answers with the event/done SSE envelope of ``/v1/tasks/stream``: ``task.stream.event`` frames,
 then ``task.stream.done`` with the result and ``data: [DONE]``; a failure once the stream started is one
@@ -18,14 +18,15 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from lemonkit import recipes, sse
-from lemonkit.backends.base import Upload
+from lemonkit.backends.protocol import Upload
+from lemonkit.catalog.model_info import a_model_of
 from lemonkit.errors import LemonkitError, ModelNotApplicable
-from lemonkit.model_info import a_model_of
-from lemonkit.server.audio import read_allowed_file
-from lemonkit.server.base import LemonkitHandler
+from lemonkit.formats import sse
+from lemonkit.server.handler import LemonkitHandler
 from lemonkit.server.tasks import task_error_event, task_event
-from lemonkit.voice_pipeline import Speaker, VoiceChat
+from lemonkit.server.transcriptions import read_allowed_file
+from lemonkit.serving import recipe_pipelines as recipes
+from lemonkit.serving.voice_pipeline import Speaker, VoiceChat
 
 __all__ = ["RecipeRunHandler", "RecipesHandler", "SidecarStages"]
 

@@ -6,9 +6,6 @@ from typing import Any
 
 from lemonkit.server import (
     anthropic,
-    audio,
-    downloads,
-    images,
     install,
     lemonade,
     live_transcription,
@@ -24,7 +21,10 @@ from lemonkit.server import (
     upscale,
     utility,
 )
-from lemonkit.server.base import LemonkitHandler, LemonkitWebSocket, NotFoundHandler
+from lemonkit.server import image_generation as images
+from lemonkit.server import pulls as downloads
+from lemonkit.server import transcriptions as audio
+from lemonkit.server.handler import LemonkitHandler, LemonkitWebSocket, NotFoundHandler
 
 __all__ = [
     "API_PREFIXES",

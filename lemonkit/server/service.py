@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from lemonkit import accelerators, logs
-from lemonkit.caller import current, tag_callers
-from lemonkit.catalog import SupportPolicy
-from lemonkit.config import Settings
+from lemonkit.catalog import accelerators
+from lemonkit.catalog.config import Settings
+from lemonkit.catalog.registry import ModelInfo, Registry
+from lemonkit.catalog.support import SupportPolicy
 from lemonkit.downloads import DownloadManager
 from lemonkit.errors import AdminRequired
-from lemonkit.installer import Installer
-from lemonkit.manager import ModelManager
-from lemonkit.registry import ModelInfo, Registry
-from lemonkit.response_store import ResponseStore
+from lemonkit.serving import log_store as logs
+from lemonkit.serving.caller import current, tag_callers
+from lemonkit.serving.installer import Installer
+from lemonkit.serving.manager import ModelManager
+from lemonkit.serving.response_store import ResponseStore
 
 __all__ = ["SETTINGS_KEY", "Service"]
 
@@ -65,7 +66,7 @@ class Service:
 
     async def install(self, models: list[ModelInfo]) -> None:
         """Download ``models`` that a load or a first use needs: the one check of every model route that only a
-        shared server's admins may start a download (see :class:`~lemonkit.caller.Caller`).
+        shared server's admins may start a download (see :class:`~lemonkit.serving.caller.Caller`).
 
         Raises:
             AdminRequired: A shared server's user who is not an admin (before any download starts).

@@ -15,12 +15,12 @@ from typing import Any
 import httpx
 from tornado.iostream import StreamClosedError
 
-from lemonkit import config
 from lemonkit.backends.tts import response_format, streaming_mode
-from lemonkit.health import loaded_model
-from lemonkit.manager import LoadedModel
-from lemonkit.server.base import LemonkitHandler
+from lemonkit.catalog import config
+from lemonkit.formats.health import loaded_model
+from lemonkit.server.handler import LemonkitHandler
 from lemonkit.server.openai import InferenceHandler, ModelRouteHandler
+from lemonkit.serving.manager import LoadedModel
 
 __all__ = ["SpeechHandler", "SpeechModelsHandler", "VoicesHandler"]
 
@@ -93,7 +93,7 @@ class SpeechHandler(InferenceHandler):
 
 class VoicesHandler(ModelRouteHandler):
     """``GET /v1/audio/voices?model=``: the model's voices (without ``model``: the loaded text-to-speech model,
-    else :func:`lemonkit.config.default_speech_model`)."""
+    else :func:`lemonkit.catalog.config.default_speech_model`)."""
 
     sidecar_path = "/v1/audio/voices"
     serves = ("tts",)

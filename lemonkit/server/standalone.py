@@ -14,14 +14,14 @@ from tornado import web, websocket
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from lemonkit import server_records
-from lemonkit.config import DEFAULT_PORT, Settings
+from lemonkit.catalog.config import DEFAULT_PORT, Settings
 from lemonkit.errors import Unauthorized
-from lemonkit.logs import redact_logs
 from lemonkit.server import routes
 from lemonkit.server.probe import ProbeFastPath
 from lemonkit.server.security import ALLOW_HEADERS, POLICY_KEY, BrowserPolicy
 from lemonkit.server.service import SETTINGS_KEY, Service
+from lemonkit.serving import server_records
+from lemonkit.serving.log_store import redact_logs
 
 __all__ = ["StandaloneHandler", "StandaloneWebSocketHandler", "make_app", "serve"]
 

@@ -2,10 +2,10 @@
 
 :func:`read_task` validates the ``request`` object (``text``, ``audio`` or ``audio_base64``, ``voice_ref``,
 ``max_tokens``, ``seed``, ``options``, ``artifacts``), reads the server-local files it names (only inside the
-operator's allowed directories, through :func:`lemonkit.server.audio.read_allowed_file`) and decodes what it
+operator's allowed directories, through :func:`lemonkit.server.transcriptions.read_allowed_file`) and decodes what it
 carries inline, so that a malformed request is refused with 400 (or 403 for a path outside) before any model loads.
-What comes out is the body the model's sidecar gets (see :mod:`lemonkit.backends.tasks`). It blocks (files, base64):
-call it in a worker thread.
+What comes out is the body the model's sidecar gets (see :mod:`lemonkit.backends.task_engine`). It blocks (files,
+base64): call it in a worker thread.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lemonkit.audio import UndecodableAudio
-from lemonkit.backends.base import Upload
-from lemonkit.backends.tasks import ARTIFACT_KINDS
-from lemonkit.bodies import decode_base64
+from lemonkit.backends.protocol import Upload
+from lemonkit.backends.task_engine import ARTIFACT_KINDS
 from lemonkit.errors import InvalidArgument, MissingArgument
-from lemonkit.server.audio import read_allowed_file
+from lemonkit.formats.audio_codec import UndecodableAudio
+from lemonkit.formats.bodies import decode_base64
+from lemonkit.server.transcriptions import read_allowed_file
 
 __all__ = ["MAX_ARTIFACT_BYTES", "MAX_VOICE_REF_BYTES", "TaskInput", "as_text", "read_task"]
 

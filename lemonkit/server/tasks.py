@@ -2,9 +2,9 @@
 ``/v1/tasks/unload_models`` and ``/v1/tasks/unload_all_models``.
 
 A task is one ``request`` object (:mod:`lemonkit.server.task_requests` checks it and reads its files before any
-model loads); the model's engine maps it onto what it does (:mod:`lemonkit.backends.tasks`): a text-to-speech model
-speaks ``text``, a speech-to-text model transcribes the audio. ``/run`` answers the result as JSON; ``/stream`` the
-engine's partial events and the result, as one JSON body or, with ``stream_format: "sse"``, as ``task.stream.event``
+model loads); the model's engine maps it onto what it does (:mod:`lemonkit.backends.task_engine`): a text-to-speech
+model speaks ``text``, a speech-to-text model transcribes the audio. ``/run`` answers the result as JSON; ``/stream``
+the engine's partial events and the result, as one JSON body or, with ``stream_format: "sse"``, as ``task.stream.event``
 / ``task.stream.done`` / ``[DONE]`` events written as the engine produces them. ``/batch`` runs entries through a
 model's native batch path and refuses models that have none (400 ``model_not_applicable``) rather than running
 entries one by one.
@@ -23,15 +23,15 @@ from typing import Any
 import httpx
 from tornado.iostream import StreamClosedError
 
-from lemonkit import sse
+from lemonkit.catalog.model_info import a_model_of
+from lemonkit.catalog.registry import ModelInfo
 from lemonkit.errors import BackendError, InvalidArgument, LemonkitError, ModelNotApplicable, ModelNotFound
-from lemonkit.manager import LoadedModel
-from lemonkit.model_info import a_model_of
-from lemonkit.registry import ModelInfo
-from lemonkit.schemas import BOOL, OBJ, STR, Arr, Obj, Str
-from lemonkit.server.base import LemonkitHandler
+from lemonkit.formats import sse
+from lemonkit.formats.schemas import BOOL, OBJ, STR, Arr, Obj, Str
+from lemonkit.server.handler import LemonkitHandler
 from lemonkit.server.openai import ModelRouteHandler
 from lemonkit.server.task_requests import TaskInput, read_task
+from lemonkit.serving.manager import LoadedModel
 
 __all__ = [
     "TaskBatchHandler",

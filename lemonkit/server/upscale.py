@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from lemonkit.backends.base import Upload
-from lemonkit.bodies import decode_base64
+from lemonkit.backends.protocol import Upload
+from lemonkit.catalog.registry import ModelInfo
 from lemonkit.errors import ModelNotApplicable
-from lemonkit.manager import LoadedModel
-from lemonkit.registry import ModelInfo
+from lemonkit.formats.bodies import decode_base64
 from lemonkit.server.openai import ModelRouteHandler
+from lemonkit.serving.manager import LoadedModel
 
 __all__ = ["UPSCALING_RECIPES", "UpscaleHandler", "decode_base64"]
 

@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 
 from lemonkit.errors import BackendError, MissingArgument, error_from_body
-from lemonkit.health import loaded_model
-from lemonkit.manager import LoadedModel
+from lemonkit.formats.health import loaded_model
 from lemonkit.server.openai import InferenceHandler, ModelRouteHandler
+from lemonkit.serving.manager import LoadedModel
 
 __all__ = ["DetokenizeHandler", "PropsHandler", "SlotsHandler", "TokenizeHandler"]
 

@@ -2,7 +2,7 @@
 ``WS /realtime``.
 
 Whisper is a buffered model: it transcribes a whole piece of audio, not a stream. So the front keeps the audio
-of the current utterance (cut by :mod:`lemonkit.vad`, or by the client's commits) and asks the model's sidecar
+of the current utterance (cut by :mod:`lemonkit.formats.vad`, or by the client's commits) and asks the model's sidecar
 for an *interim* transcript of what it holds each time about a second of new speech has arrived, and for the
 *final* one when the utterance ends. One request per session is in flight at a time, finals first; an interim is
 skipped while the model is serving anything else (another session, another route), so interims never queue up
@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from lemonkit.audio import wav_bytes
-from lemonkit.backends.base import Upload
+from lemonkit.backends.protocol import Upload
 from lemonkit.errors import BackendError, InvalidArgument, LemonkitError
-from lemonkit.vad import RmsVad, VadSettings
+from lemonkit.formats.audio_codec import wav_bytes
+from lemonkit.formats.vad import RmsVad, VadSettings
 
 if TYPE_CHECKING:
-    from lemonkit.server.base import LemonkitHandler
+    from lemonkit.server.handler import LemonkitHandler
 
 __all__ = ["Listener", "SidecarTranscriber", "SpeechInput", "StableText", "new_id"]
 

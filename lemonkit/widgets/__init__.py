@@ -1,6 +1,6 @@
 """Notebook widgets (anywidget): the model browser, a download bar, a chat panel, the transcription and speech
-panels, the image panel, and the pieces they share (:mod:`~lemonkit.widgets.base`, :mod:`~lemonkit.widgets.progress`,
-:mod:`~lemonkit.widgets.picker` and ``static/shared.js``); matplotlib figures in :mod:`~lemonkit.plots`.
+panels, the image panel, and the pieces they share (:mod:`~lemonkit.widgets.panel`, :mod:`~lemonkit.widgets.progress`,
+:mod:`~lemonkit.widgets.picker` and ``static/shared.js``); matplotlib figures in :mod:`~lemonkit.client.plots`.
 
 Every server call goes through :class:`lemonkit.Client` in the kernel: the page never holds a token. The panels are
 imported on first use, so that ``Transcript.plot()`` in plain ``python`` imports neither anywidget nor IPython.
@@ -12,11 +12,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lemonkit.widgets.audio import SpeechPanel, TranscriptionPanel
-    from lemonkit.widgets.chat import ChatPanel
-    from lemonkit.widgets.download import DownloadBar
-    from lemonkit.widgets.images import ImagePanel
-    from lemonkit.widgets.models import ModelBrowser
+    from lemonkit.widgets.audio_panels import SpeechPanel, TranscriptionPanel
+    from lemonkit.widgets.chat_panel import ChatPanel
+    from lemonkit.widgets.download_bar import DownloadBar
+    from lemonkit.widgets.image_panel import ImagePanel
+    from lemonkit.widgets.model_browser import ModelBrowser
 
 __all__ = ["ChatPanel", "DownloadBar", "ImagePanel", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"]
 

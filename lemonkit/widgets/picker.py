@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lemonkit.catalog.model_info import DEPLOYMENT_LABELS, RECIPES
 from lemonkit.client import Client
-from lemonkit.model_info import DEPLOYMENT_LABELS, RECIPES
 
 __all__ = ["choices", "serves"]
 

@@ -30,8 +30,8 @@ import pytest
 from conftest import API_KEY, CACHE_DIR, TINY, TINY_B, Host, Standalone
 from jupyter_process import JupyterServer
 
-from lemonkit import llamacpp_builds
-from lemonkit.accelerators import detect
+from lemonkit.catalog import llamacpp_builds
+from lemonkit.catalog.accelerators import detect
 
 pytestmark = [pytest.mark.vulkan, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from conftest import EMBED, TINY, Host
 
-from lemonkit.config import DEFAULT_CHAT_MODEL
+from lemonkit.catalog.config import DEFAULT_CHAT_MODEL
 
 WEATHER = {
     "name": "get_weather",

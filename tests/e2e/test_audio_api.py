@@ -15,10 +15,10 @@ from conftest import TINY, Host
 from speech import SENTENCES, normalised_words, speech_samples, speech_wav, word_errors
 
 import lemonkit
-from lemonkit.audio import UndecodableAudio
+from lemonkit.catalog.config import DEFAULT_SPEECH_MODEL, DEFAULT_TRANSCRIPTION_MODEL
 from lemonkit.client import AsyncClient, Client
-from lemonkit.config import DEFAULT_SPEECH_MODEL, DEFAULT_TRANSCRIPTION_MODEL
 from lemonkit.errors import InvalidArgument, ModelNotApplicable, ModelNotFound
+from lemonkit.formats.audio_codec import UndecodableAudio
 
 SRT_CUE = re.compile(r"^(\d+)\n(\d\d:\d\d:\d\d,\d\d\d) --> (\d\d:\d\d:\d\d,\d\d\d)\n(.+)$", re.S)
 

@@ -14,9 +14,10 @@ from conftest import Host
 from speech import SENTENCES, normalised_words, speech_wav
 
 import lemonkit
-from lemonkit import Client, audio
-from lemonkit.config import DEFAULT_SPEECH_MODEL, DEFAULT_TRANSCRIPTION_MODEL
+from lemonkit import Client
+from lemonkit.catalog.config import DEFAULT_SPEECH_MODEL, DEFAULT_TRANSCRIPTION_MODEL
 from lemonkit.errors import InvalidRequest
+from lemonkit.formats import audio_codec as audio
 from lemonkit.widgets import SpeechPanel, TranscriptionPanel
 from lemonkit.widgets.assets import esm
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import TINY, Host
 from routes_table import ollama_routes, post_routes
 
-from lemonkit.bodies import MAX_DEPTH
+from lemonkit.formats.bodies import MAX_DEPTH
 
 JSON = "application/json"
 #: fields most routes read, each with a type no route accepts

@@ -261,7 +261,7 @@ async def test_the_prompts_of_one_completion_share_the_batch(host: Host) -> None
 async def test_plain_kernels_without_batch_invariance(host: Host) -> None:
     """``--no-batch-invariant`` runs the bundled SmolLM2 on ggml's other CPU kernels: they answer (on AMX CPUs the
     repacked ones crashed the sidecar, so there lemonkit leaves repacking off unless ``--repack`` asks for it)."""
-    from lemonkit.config import DEFAULT_CHAT_MODEL
+    from lemonkit.catalog.config import DEFAULT_CHAT_MODEL
 
     async with host.client() as client:
         body = {"model_name": DEFAULT_CHAT_MODEL, "llamacpp_args": "--no-batch-invariant"}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import API_KEY, Host, Standalone
 
-from lemonkit.config import DEFAULT_CHAT_MODEL, DEFAULT_EMBEDDING_MODEL
+from lemonkit.catalog.config import DEFAULT_CHAT_MODEL, DEFAULT_EMBEDDING_MODEL
 
 DIM = 384
 #: pairs that mean nearly the same, each unrelated to the others

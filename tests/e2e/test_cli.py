@@ -15,8 +15,8 @@ import openai
 import pytest
 from conftest import API_KEY, CACHE_DIR, GEMMA, TINY, Standalone
 
+from lemonkit.catalog.config import DEFAULT_CHAT_MODEL
 from lemonkit.cli import DEMO_QUESTION, chat_demo_body, demo_body
-from lemonkit.config import DEFAULT_CHAT_MODEL
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,8 @@ from conftest import API_KEY, TINY, Host, Standalone
 from jupyter_process import JupyterServer
 
 import lemonkit
-from lemonkit.client import AsyncClient, Client, ServerUnavailable, api_root, host_root
+from lemonkit.client import AsyncClient, Client, ServerUnavailable, discovery
+from lemonkit.client.discovery import api_root, host_root
 
 
 def _chat(client: Client) -> str:
@@ -73,7 +74,7 @@ async def test_wrong_credentials_raise_unauthorized(host: Host) -> None:
 def test_an_error_event_raises_its_class() -> None:
     from httpx_sse import ServerSentEvent
 
-    from lemonkit.client import _event
+    from lemonkit.client._client import _event
 
     error = {"error": {"message": "engine died", "type": "backend_error", "code": "backend_error"}}
     assert _event(ServerSentEvent(data='{"choices": []}')).data == {"choices": []}  # type: ignore[union-attr]
@@ -118,20 +119,18 @@ def _records(runtime: Path) -> list[dict]:
 
 
 def test_a_running_serve_of_this_user_is_found(monkeypatch: pytest.MonkeyPatch, standalone: Standalone) -> None:
-    import lemonkit.client
 
     for name in ("LEMONKIT_URL", "LEMONKIT_TOKEN", "LEMONADE_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", standalone.env["JUPYTER_RUNTIME_DIR"])  # where it keeps its record
-    monkeypatch.setattr(lemonkit.client, "DEFAULT_PORT", standalone.port)
-    found = lemonkit.client.locate(start=False)
+    monkeypatch.setattr(discovery, "DEFAULT_PORT", standalone.port)
+    found = discovery.locate(start=False)
     assert (found.kind, found.api, found.token) == ("standalone", standalone.root + "api/v1", API_KEY)  # its key
     with Client() as client:
         assert TINY in [m["id"] for m in client.models()]
 
 
 def test_serve_records_itself_until_it_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import lemonkit.client
 
     runtime = tmp_path / "runtime"
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
@@ -144,7 +143,7 @@ def test_serve_records_itself_until_it_stops(tmp_path: Path, monkeypatch: pytest
         assert _records(runtime) == [
             {"pid": server.process.pid, "url": server.root.rstrip("/"), "key": None, "kind": "standalone"}
         ]
-        monkeypatch.setattr(lemonkit.client, "DEFAULT_PORT", server.port)
+        monkeypatch.setattr(discovery, "DEFAULT_PORT", server.port)
         with Client() as client:
             assert (client.server.kind, client.server.token) == ("standalone", None)
             assert TINY in [m["id"] for m in client.models()]
@@ -154,8 +153,7 @@ def test_serve_records_itself_until_it_stops(tmp_path: Path, monkeypatch: pytest
 
 
 def test_stale_and_unvouched_records_are_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import lemonkit.client
-    from lemonkit import server_records
+    from lemonkit.serving import server_records
 
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
     monkeypatch.delenv("LEMONKIT_URL", raising=False)
@@ -163,27 +161,26 @@ def test_stale_and_unvouched_records_are_not_used(tmp_path: Path, monkeypatch: p
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        monkeypatch.setattr(lemonkit.client, "DEFAULT_PORT", port)
+        monkeypatch.setattr(discovery, "DEFAULT_PORT", port)
         dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
         stale = tmp_path / f"lemonkit-{dead.stdout.strip()}.json"
         stale.write_text(json.dumps({"pid": int(dead.stdout), "url": f"http://127.0.0.1:{port}", "key": None}))
         elsewhere = tmp_path / "lemonkit-1.json"  # alive, but pid 1 does not listen there
         elsewhere.write_text(json.dumps({"pid": 1, "url": f"http://127.0.0.1:{port}", "key": None}))
         with pytest.raises(ServerUnavailable):
-            lemonkit.client.locate(start=False)
+            discovery.locate(start=False)
         assert not stale.exists() and elsewhere.exists()  # the dead process's record is removed
         # this process listens on the port, but its record leads to no lemonkit server: not used either
         server_records.write(f"http://127.0.0.1:{port}", None)
         assert [r.pid for r in server_records.live_records()] == [os.getpid()]
         with pytest.raises(ServerUnavailable):
-            lemonkit.client.locate(start=False)
+            discovery.locate(start=False)
 
 
 @pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to listen as another user")
 @pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="needs a Python every user may run")
 def test_another_users_server_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import lemonkit.client
-    from lemonkit import server_records
+    from lemonkit.serving import server_records
 
     # "nobody" serves /live on a port, as another user's `lemonkit serve` on the default port would
     script = textwrap.dedent(
@@ -207,15 +204,15 @@ def test_another_users_server_is_never_used(tmp_path: Path, monkeypatch: pytest.
         assert httpx.get(f"http://127.0.0.1:{port}/live").status_code == 200
         monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
         monkeypatch.delenv("LEMONKIT_URL", raising=False)
-        monkeypatch.setattr(lemonkit.client, "DEFAULT_PORT", port)
+        monkeypatch.setattr(discovery, "DEFAULT_PORT", port)
         with pytest.raises(ServerUnavailable):  # no record of ours names it
-            lemonkit.client.locate(start=False)
+            discovery.locate(start=False)
         # nor does a record of ours naming that process (its pid reused, say): it is not this user's
         record = tmp_path / f"lemonkit-{other.pid}.json"
         record.write_text(json.dumps({"pid": other.pid, "url": f"http://127.0.0.1:{port}", "key": None}))
         assert list(server_records.live_records()) == []
         with pytest.raises(ServerUnavailable):
-            lemonkit.client.locate(start=False)
+            discovery.locate(start=False)
     finally:
         other.kill()
         other.wait()

@@ -18,7 +18,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 from websockets.typing import Origin
 
-from lemonkit.config import DEFAULT_CHAT_MODEL
+from lemonkit.catalog.config import DEFAULT_CHAT_MODEL
 from tests.hub_process import JupyterHub
 
 pytestmark = [pytest.mark.hub, pytest.mark.slow]

@@ -19,12 +19,12 @@ import pytest
 from conftest import HF_CACHE, TEST_REPO
 from websockets.sync.client import connect
 
-from lemonkit import client as client_module
-from lemonkit import hub_discovery
+from lemonkit.catalog.config import DEFAULT_CHAT_MODEL
 from lemonkit.client import ServerUnavailable, locate
-from lemonkit.config import DEFAULT_CHAT_MODEL
+from lemonkit.client import discovery as client_module
 from lemonkit.errors import HubServiceError
-from lemonkit.hub_discovery import HubEnvironment
+from lemonkit.serving import hub_discovery
+from lemonkit.serving.hub_discovery import HubEnvironment
 from tests.hub_process import ACCESS_SCOPE, SERVICE, JupyterHub
 
 pytestmark = [pytest.mark.hub, pytest.mark.slow]

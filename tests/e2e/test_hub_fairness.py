@@ -15,7 +15,7 @@ import pytest
 from websockets.asyncio.client import connect as aconnect
 from websockets.sync.client import connect
 
-from lemonkit.config import DEFAULT_CHAT_MODEL
+from lemonkit.catalog.config import DEFAULT_CHAT_MODEL
 from tests.hub_process import JupyterHub
 
 pytestmark = [pytest.mark.hub, pytest.mark.slow]

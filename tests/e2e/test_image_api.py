@@ -15,10 +15,10 @@ from PIL import Image, ImageDraw
 from test_audio_api import _in_thread
 
 import lemonkit
+from lemonkit.catalog.config import DEFAULT_UPSCALE_MODEL
+from lemonkit.catalog.registry import Registry
 from lemonkit.client import AsyncClient, Client
-from lemonkit.config import DEFAULT_UPSCALE_MODEL
 from lemonkit.errors import InvalidArgument, ModelNotApplicable, ModelNotFound
-from lemonkit.registry import Registry
 
 #: the tiny random pipeline (lemonkit.testing.tiny_diffusers) as a user model: 64x64 by default
 TINY_IMAGE = "user.tiny-diffusers"

@@ -10,7 +10,7 @@ import pytest
 from test_images import check_answer
 from test_pull import Env, env, model, pull_standalone  # noqa: F401 - fixtures
 
-from lemonkit.diffusers_layout import diffusers_files
+from lemonkit.catalog.diffusers_layout import diffusers_files
 from lemonkit.testing.tiny_diffusers import TINY_SIZE, write_tiny_pipeline
 
 REPO = "stabilityai/sd-turbo"

@@ -16,8 +16,8 @@ from test_audio_widgets import client_of, done
 from test_image_api import picture, tiny_image  # noqa: F401  (the fixture, requested by name)
 
 import lemonkit
-from lemonkit.config import DEFAULT_UPSCALE_MODEL
-from lemonkit.images import open_image
+from lemonkit.catalog.config import DEFAULT_UPSCALE_MODEL
+from lemonkit.client.image_results import open_image
 from lemonkit.widgets import ImagePanel
 from lemonkit.widgets.assets import esm
 

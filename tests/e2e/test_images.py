@@ -19,7 +19,7 @@ import pytest
 from conftest import CACHE_DIR, HF_CACHE, TINY, Host
 from PIL import Image
 
-from lemonkit.registry import Registry
+from lemonkit.catalog.registry import Registry
 from lemonkit.testing.tiny_diffusers import TINY_SIZE, write_tiny_pipeline
 
 pytestmark = pytest.mark.slow  # every test loads the pipeline's sidecar (torch) in each host

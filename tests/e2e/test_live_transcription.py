@@ -22,7 +22,7 @@ import pytest
 from conftest import API_KEY, TINY, Host, Standalone
 from speech import SENTENCES, speech_samples, word_error_rate
 
-from lemonkit.audio import pcm16
+from lemonkit.formats.audio_codec import pcm16
 
 MODEL = "Whisper-Tiny-En-Bundled"
 RATE = 16000

@@ -210,8 +210,8 @@ async def test_a_snapshot_fits_what_websocket_clients_take(jupyter_host: Host) -
     client (1 MiB by default) reads; an entry is at most 8 KB whatever was logged."""
     import websockets
 
-    from lemonkit.logs import MAX_LINE, STORE
     from lemonkit.server.logs import SNAPSHOT_BYTES
+    from lemonkit.serving.log_store import MAX_LINE, STORE
 
     for i in range(1500):
         STORE.add("Info", "bulk", f"{i:05d} " + "y" * 4000)
@@ -232,7 +232,7 @@ async def test_a_snapshot_fits_what_websocket_clients_take(jupyter_host: Host) -
 async def test_slow_subscriber_skips_instead_of_queueing(jupyter_host: Host) -> None:
     """A subscriber that stops reading costs no memory: once the socket buffers are full its sender waits, and
     what scrolls out of the 5000-entry window meanwhile is skipped (a gap in seq), never queued for it."""
-    from lemonkit.logs import CAPACITY, STORE  # the Jupyter host runs in this process
+    from lemonkit.serving.log_store import CAPACITY, STORE  # the Jupyter host runs in this process
 
     ws = await _connect(jupyter_host)
     try:

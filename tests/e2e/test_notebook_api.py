@@ -110,7 +110,7 @@ def test_chat_in_a_kernel_updates_one_display(kernel: Kernel, jupyter: JupyterSe
     listed = kernel.ok("print([m.id for m in lemonkit.openai_client().models.list()])")
     assert TINY in _text(listed)
     # a reasoning model's thoughts: collapsed while streaming and once complete
-    code = "from lemonkit.display import NotebookView\nv = NotebookView()\nv.add('', 'a <thought>')\n"
+    code = "from lemonkit.client.display import NotebookView\nv = NotebookView()\nv.add('', 'a <thought>')\n"
     code += "v.add('42', '')\nv.close()"
     shown = [m["content"]["data"] for m in kernel.ok(code) if m["msg_type"] == "update_display_data"]
     assert shown[0]["text/html"].startswith("<details><summary>Reasoning</summary>")

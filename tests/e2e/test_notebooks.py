@@ -24,7 +24,7 @@ from jupyter_process import JupyterServer, free_port
 from nbclient import NotebookClient
 from speech import word_errors
 
-from lemonkit.config import (
+from lemonkit.catalog.config import (
     DEFAULT_CHAT_MODEL,
     DEFAULT_EMBEDDING_MODEL,
     DEFAULT_SPEECH_MODEL,

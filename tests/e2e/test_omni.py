@@ -28,10 +28,10 @@ from IPython.core.formatters import DisplayFormatter
 from PIL import Image
 from system_tools import tool
 
+from lemonkit.catalog.omni.media import MAX_DELTA_CHARS, find_media
+from lemonkit.catalog.registry import Registry
 from lemonkit.client import Client
-from lemonkit.omni.media import MAX_DELTA_CHARS, find_media
-from lemonkit.registry import Registry
-from lemonkit.results import ChatResult
+from lemonkit.client.results import ChatResult
 from lemonkit.testing.tiny_diffusers import TINY_SIZE, write_tiny_pipeline
 
 pytestmark = pytest.mark.slow  # every test that runs the loop loads a chat model, the pipeline (torch) or Piper

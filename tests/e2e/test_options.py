@@ -15,7 +15,7 @@ import httpx
 import pytest
 from conftest import API_KEY, CACHE_DIR, EMBED, GEMMA, HF_CACHE, TEST_REPO, TINY, TINY_B, VISION, Host, Standalone
 
-from lemonkit.registry import Registry
+from lemonkit.catalog.registry import Registry
 
 DEFAULTS = {"ctx_size": -1, "llamacpp_args": "", "llamacpp_backend": "cpu", "merge_args": True}
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"

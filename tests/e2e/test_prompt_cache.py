@@ -11,7 +11,7 @@ import httpx
 import pytest
 from conftest import HF_CACHE, TEST_REPO, TINY, Host
 
-from lemonkit.config import DEFAULT_CHAT_MODEL
+from lemonkit.catalog.config import DEFAULT_CHAT_MODEL
 
 GREEDY = {"temperature": 0, "seed": 7}
 

@@ -25,8 +25,8 @@ from conftest import API_KEY, Host, Standalone
 from hub_server import HubServer
 from waiting import until
 
+from lemonkit.catalog.registry import Registry
 from lemonkit.downloads import Job
-from lemonkit.registry import Registry
 
 TOKEN = "hf_lemonkit_test_token"
 PLAIN = "tiny-Q4_K_M.gguf"

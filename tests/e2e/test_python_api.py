@@ -16,8 +16,7 @@ import pytest
 from conftest import EMBED, HF_CACHE, RERANK, TEST_REPO, TINY, TINY_B, Host
 
 import lemonkit
-from lemonkit import api_requests
-from lemonkit.client import AsyncClient, Client
+from lemonkit.client import AsyncClient, Client, api_requests
 from lemonkit.errors import NotEmbeddingModel
 
 SNAPSHOT = HF_CACHE / f"models--{TEST_REPO.replace('/', '--')}" / "snapshots" / ("a" * 40)

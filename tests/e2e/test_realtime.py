@@ -17,7 +17,7 @@ from speech import SENTENCES, normalised_words, speech_samples, word_error_rate
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
-from lemonkit.audio import pcm16
+from lemonkit.formats.audio_codec import pcm16
 
 MODEL = "Whisper-Tiny-En-Bundled"
 RATE = 16000

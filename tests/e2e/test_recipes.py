@@ -22,7 +22,7 @@ from waiting import until
 
 import lemonkit
 from lemonkit.client import AsyncClient
-from lemonkit.voice_pipeline import SentenceChunker
+from lemonkit.serving.voice_pipeline import SentenceChunker
 
 WHISPER, CHAT, PIPER = "Whisper-Tiny-En-Bundled", "SmolLM2-135M-Instruct-Bundled", "Piper-Joe-Medium-Bundled"
 #: greedy replies: the same question gets the same answer
@@ -310,7 +310,7 @@ async def test_undecodable_inline_audio_is_refused(served: Host) -> None:
 async def test_voice_chat_in_python(served: Host, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("LEMONKIT_URL", served.root)
     monkeypatch.setenv("LEMONKIT_TOKEN", served.token or "")
-    monkeypatch.setattr(lemonkit.client, "_default", None)
+    monkeypatch.setattr(lemonkit.client._client, "_default", None)
     question = speech_samples(SENTENCES[2], 16000)  # samples, as transcribe() takes them
     reply = await asyncio.to_thread(
         lemonkit.voice_chat, question, sample_rate=16000, max_tokens=30, temperature=0, seed=1
@@ -335,8 +335,8 @@ async def test_voice_chat_in_python(served: Host, monkeypatch: pytest.MonkeyPatc
     conversation = json.loads(base64.b64decode(following.artifacts[0]["payload"]))
     assert [m["content"] for m in conversation][:2] == [reply.transcript, reply.text]
     assert len(conversation) == 4 and following.speech.duration > 0
-    assert lemonkit.client._default is not None  # the module functions' client, made by the first of them
-    lemonkit.client._default.close()
+    assert lemonkit.client._client._default is not None  # the module functions' client, made by the first of them
+    lemonkit.client._client._default.close()
 
 
 def test_sentences_are_cut_as_they_complete() -> None:

@@ -23,8 +23,8 @@ from fault_upstream import fault_upstream
 from llama_cpp_server import MODEL_ID, LlamaCppServer
 
 import lemonkit
+from lemonkit.catalog.config import DEFAULT_CHAT_MODEL, DEFAULT_EMBEDDING_MODEL
 from lemonkit.client import Client
-from lemonkit.config import DEFAULT_CHAT_MODEL, DEFAULT_EMBEDDING_MODEL
 
 pytestmark = pytest.mark.slow
 

@@ -21,9 +21,9 @@ import soundfile
 from conftest import API_KEY, TINY, Host, Standalone
 from hub_server import HubServer
 
-from lemonkit import audio
-from lemonkit.config import DEFAULT_SPEECH_MODEL
-from lemonkit.registry import Registry
+from lemonkit.catalog.config import DEFAULT_SPEECH_MODEL
+from lemonkit.catalog.registry import Registry
+from lemonkit.formats import audio_codec as audio
 
 PIPER, HIBARI, KOKORO = "Piper-Joe-Medium-Bundled", "Hibari-Bundled", "Kokoro-82M-Int8-Bundled"
 SENTENCE = "The quick brown fox jumps over the lazy dog."

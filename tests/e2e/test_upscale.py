@@ -16,7 +16,7 @@ from conftest import CACHE_DIR, TINY, Host
 from PIL import Image
 from upscale_images import MIN_PSNR, bicubic, noise, picture, png_b64, psnr
 
-from lemonkit.registry import Registry
+from lemonkit.catalog.registry import Registry
 
 X4PLUS, X2, X3, X4 = (
     "RealESRGAN-x4plus",

@@ -28,7 +28,7 @@ from tornado.httpclient import HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 from waiting import until
 
-from lemonkit.audio import pcm16
+from lemonkit.formats.audio_codec import pcm16
 
 PLAIN = "tiny-Q4_K_M.gguf"
 WHISPER = "Whisper-Tiny-En-Bundled"

@@ -10,7 +10,7 @@ import pytest
 from speech import SENTENCES, normalised_words, speech_wav
 from test_pull import Env, env, model, pull_standalone  # noqa: F401 - fixtures
 
-from lemonkit.registry import Registry
+from lemonkit.catalog.registry import Registry
 
 REPO = "Systran/faster-whisper-tiny"
 #: preprocessor_config.json as the Systran repos carry it (the bundled package leaves it out)

@@ -211,7 +211,7 @@ async def test_download_bar_in_the_background_and_under_lemonkit_pull(
     assert final["status"] == "completed" and bar.progress["percent"] == 100 and not bar.controls
 
     # lemonkit.pull in a notebook shows a DownloadBar driven by its own stream (a kernel is faked: no front end)
-    from lemonkit.widgets import download
+    from lemonkit.widgets import download_bar as download
 
     shown: list[DownloadBar] = []
     monkeypatch.setattr(download, "in_notebook", lambda: True)
@@ -232,7 +232,7 @@ async def test_download_bar_in_the_background_and_under_lemonkit_pull(
 
 
 def test_pull_outside_a_notebook_keeps_tqdm() -> None:
-    from lemonkit.widgets.download import in_notebook, notebook_bar
+    from lemonkit.widgets.download_bar import in_notebook, notebook_bar
 
     assert not in_notebook() and notebook_bar("x", Client("http://127.0.0.1:9")) is None
 

@@ -4,13 +4,13 @@
 - :mod:`~lemonkit.backends.chat.templates`: Jinja chat templates (HF semantics) and llama-cpp-python's named formats;
 - :mod:`~lemonkit.backends.chat.tools`: request tools, their declaration for templates that know none, call ids;
 - :mod:`~lemonkit.backends.chat.grammars`: GBNF for ``response_format`` and forced tool calls;
-- :mod:`~lemonkit.backends.chat.formats`: each model family's tool-call and reasoning markup, found from its template;
+- :mod:`~lemonkit.backends.chat.tool_formats`: each model family's tool-call and reasoning markup, found from its
+template;
 - :mod:`~lemonkit.backends.chat.stream`: streamed text to content / reasoning / tool-call events, stop strings.
 
 The llama.cpp engine (:mod:`lemonkit.backends.llamacpp`) glues them to a model.
 """
 
-from lemonkit.backends.chat.formats import FORMATS, ChatFormat, detect_format
 from lemonkit.backends.chat.grammars import (
     json_object_grammar,
     json_schema_grammar,
@@ -27,6 +27,7 @@ from lemonkit.backends.chat.stream import (
     split_output,
 )
 from lemonkit.backends.chat.templates import ChatTemplate, formatter_by_name, prompt_opens_thinking
+from lemonkit.backends.chat.tool_formats import FORMATS, ChatFormat, detect_format
 from lemonkit.backends.chat.tools import ToolSpec, new_call_id, parse_tools, tool_system_prompt
 
 __all__ = [

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import re
 
-from lemonkit.backends.chat.formats import (
+from lemonkit.backends.chat.messages import THINK_CLOSE, THINK_OPEN, TOOL_OPEN
+from lemonkit.backends.chat.tool_formats import (
     FORMATS,
     ChatFormat,
     Event,
@@ -18,7 +19,6 @@ from lemonkit.backends.chat.formats import (
     Section,
     section_for,
 )
-from lemonkit.backends.chat.messages import THINK_CLOSE, THINK_OPEN, TOOL_OPEN
 from lemonkit.backends.chat.tools import ToolSpec, tool_call_from_obj
 
 __all__ = ["Event", "ForcedToolStream", "StopMatcher", "StreamParser", "make_parser", "split_output"]

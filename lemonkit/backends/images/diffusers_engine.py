@@ -2,7 +2,7 @@
 
 The model is a directory in diffusers layout (``model_index.json`` and one folder per component), as the Hugging
 Face repos of Lemonade's ``SD-Turbo``, ``SDXL-Turbo``, ``SD-1.5`` and ``SDXL-Base-1.0`` hold it next to their
-single-file checkpoints. Three calls (see :mod:`lemonkit.backends.base`): :meth:`DiffusersEngine.generate`
+single-file checkpoints. Three calls (see :mod:`lemonkit.backends.protocol`): :meth:`DiffusersEngine.generate`
 (text-to-image), :meth:`~DiffusersEngine.edit` (inpainting where a mask is white; without a mask, image-to-image
 guided by the prompt) and :meth:`~DiffusersEngine.vary` (image-to-image without a prompt). The image-to-image and
 inpainting pipelines share the text-to-image pipeline's weights (``from_pipe``), so they cost no memory. Images
@@ -19,10 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lemonkit.backends.base import Cancelled, LoadSpec, Upload, physical_cores
-from lemonkit.backends.devices import torch_device
+from lemonkit.backends.engine_devices import torch_device
 from lemonkit.backends.images.params import SOFT_PIXEL_CAP, Settings, capped_size
 from lemonkit.backends.images.pictures import decode_image, encode_png
+from lemonkit.backends.protocol import Cancelled, LoadSpec, Upload, physical_cores
 from lemonkit.errors import InvalidArgument, MissingArgument, ModelLoadError
 
 __all__ = ["DiffusersEngine"]

@@ -9,7 +9,7 @@ import base64
 import io
 from typing import TYPE_CHECKING
 
-from lemonkit.backends.base import Upload
+from lemonkit.backends.protocol import Upload
 from lemonkit.errors import InvalidArgument
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """The ``llamacpp`` recipe: chat, completions, embeddings and rerank on llama-cpp-python.
 
 One :class:`LlamaCppEngine` owns one ``llama_cpp.Llama`` and runs in a sidecar process (see
-:mod:`lemonkit.backends.base`); up to ``--parallel`` requests arrive at once, each on a sidecar worker thread, and
+:mod:`lemonkit.backends.protocol`); up to ``--parallel`` requests arrive at once, each on a sidecar worker thread, and
 one decode thread generates them together.
 
 - :mod:`~lemonkit.backends.llamacpp.engine`: loading, the OpenAI routes, chat requests to prompts;
@@ -11,7 +11,7 @@ one decode thread generates them together.
 - :mod:`~lemonkit.backends.llamacpp.vision`: the mmproj and prompts with images;
 - :mod:`~lemonkit.backends.llamacpp.answers`: OpenAI answers and chunks built from generated tokens.
 
-Flag strings (``llamacpp_args``) are parsed by :mod:`lemonkit.llamacpp_args`; prompts are rendered and outputs
+Flag strings (``llamacpp_args``) are parsed by :mod:`lemonkit.formats.llamacpp_args`; prompts are rendered and outputs
 parsed by :mod:`lemonkit.backends.chat`. Nothing here imports llama_cpp until an engine is created.
 """
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from lemonkit.backends.base import Cancelled
 from lemonkit.backends.chat import ForcedToolStream, ToolSpec, make_parser, new_call_id
-from lemonkit.backends.chat.formats import ChatFormat
+from lemonkit.backends.chat.tool_formats import ChatFormat
 from lemonkit.backends.llamacpp.interleave import interleave
+from lemonkit.backends.protocol import Cancelled
 
 if TYPE_CHECKING:
     from lemonkit.backends.llamacpp.generation import Job, Logprob

@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lemonkit.backends.base import Cancelled
 from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores, on_cores
 from lemonkit.backends.llamacpp.sampler import SeqSampler
 from lemonkit.backends.llamacpp.step_costs import StepCosts
+from lemonkit.backends.protocol import Cancelled
 
 if TYPE_CHECKING:
     from lemonkit.backends.llamacpp.answers import Run

@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from lemonkit.backends.base import Cancelled, LoadSpec
 from lemonkit.backends.chat import (
     FORMATS,
     ChatTemplate,
@@ -45,6 +44,9 @@ from lemonkit.backends.llamacpp.generation import Generator, Job, Sampling, chec
 from lemonkit.backends.llamacpp.kernels import reference_kernels
 from lemonkit.backends.llamacpp.sampler import ReasoningBudget
 from lemonkit.backends.llamacpp.vision import Vision, decode_data_url
+from lemonkit.backends.protocol import Cancelled, LoadSpec
+from lemonkit.catalog.placement import MiB, estimate, fit_layers
+from lemonkit.catalog.recipe_options import llamacpp_context_size
 from lemonkit.errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -53,10 +55,8 @@ from lemonkit.errors import (
     ModelNotApplicable,
     NotEmbeddingModel,
 )
-from lemonkit.gguf_header import read_gguf_context_length, read_gguf_layout
-from lemonkit.llamacpp_args import parse_llamacpp_args
-from lemonkit.options import llamacpp_context_size
-from lemonkit.placement import MiB, estimate, fit_layers
+from lemonkit.formats.gguf_header import read_gguf_context_length, read_gguf_layout
+from lemonkit.formats.llamacpp_args import parse_llamacpp_args
 
 __all__ = ["LlamaCppEngine"]
 
@@ -88,9 +88,9 @@ class LlamaCppEngine:
         spec: ``model_path``; ``type`` ("llm", "embedding" or "reranking"); optional
             ``mmproj_path`` (vision), ``chat_format`` (a llama-cpp-python format name used when
             the GGUF has no chat template, e.g. "gemma") and ``options``: ``ctx_size`` (-1 or
-            absent: the trained context capped at :data:`lemonkit.options.DEFAULT_CTX_SIZE`; 0: the trained
-            context), ``n_threads`` (default: physical cores), ``llamacpp_args``
-            (llama-server flags, see :func:`lemonkit.llamacpp_args.parse_llamacpp_args`).
+            absent: the trained context capped at :data:`lemonkit.catalog.recipe_options.DEFAULT_CTX_SIZE`; 0: the
+            trained context), ``n_threads`` (default: physical cores), ``llamacpp_args``
+            (llama-server flags, see :func:`lemonkit.formats.llamacpp_args.parse_llamacpp_args`).
 
     Raises:
         InvalidArgument: Bad options.
@@ -213,8 +213,8 @@ class LlamaCppEngine:
         """Decide ``-ngl`` and the devices (llama-server's flags, popped from ``args``): sets ``self._offload`` and
         ``self._devices``; returns the device list a load is restricted to (``None``: llama.cpp's default, all).
 
-        ``auto`` (the default) offloads as many layers as :func:`lemonkit.placement.fit_layers` fits in the chosen
-        devices' free memory, capped by the manager's ``device_budget``; ``all`` every layer, a number that many.
+        ``auto`` (the default) offloads as many layers as :func:`lemonkit.catalog.placement.fit_layers` fits in the
+        chosen devices' free memory, capped by the manager's ``device_budget``; ``all`` every layer, a number that many.
         """
         asked = args.pop("n_gpu_layers", "auto")
         names = args.pop("devices", None)
@@ -358,7 +358,7 @@ class LlamaCppEngine:
         return dict(self._gen.stats)
 
     def metrics(self) -> dict[str, Any]:
-        """Every generation's figures since the load (:class:`lemonkit.metrics.GenerationTotals`)."""
+        """Every generation's figures since the load (:class:`lemonkit.formats.generation_metrics.GenerationTotals`)."""
         return self._gen.totals.to_dict()
 
     def close(self) -> None:

@@ -18,14 +18,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lemonkit.backends.base import Cancelled
 from lemonkit.backends.chat import StopMatcher
 from lemonkit.backends.llamacpp.answers import Run
 from lemonkit.backends.llamacpp.batch import Batcher, End
 from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores
 from lemonkit.backends.llamacpp.sampler import ReasoningBudget
+from lemonkit.backends.protocol import Cancelled
 from lemonkit.errors import InvalidArgument
-from lemonkit.metrics import GenerationTotals
+from lemonkit.formats.generation_metrics import GenerationTotals
 
 if TYPE_CHECKING:
     from lemonkit.backends.llamacpp.vision import Vision

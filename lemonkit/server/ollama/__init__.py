@@ -11,9 +11,9 @@ lemonkit's error; one that comes after a stream started is its last line.
 - :mod:`.handlers`: the routes that run a model; :mod:`.models`: the routes about models.
 """
 
-from lemonkit.server.base import LemonkitHandler
+from lemonkit.server.handler import LemonkitHandler
 from lemonkit.server.ollama.handlers import ChatHandler, EmbeddingsHandler, EmbedHandler, GenerateHandler
-from lemonkit.server.ollama.models import (
+from lemonkit.server.ollama.model_routes import (
     BlobsHandler,
     CopyHandler,
     CreateHandler,

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from lemonkit.gguf_header import read_gguf_metadata
-from lemonkit.registry import ModelInfo
+from lemonkit.catalog.registry import ModelInfo
+from lemonkit.formats.gguf_header import read_gguf_metadata
 
 # -- what /api/tags, /api/show and /api/ps say of a model --------------------------------------------------------------
 

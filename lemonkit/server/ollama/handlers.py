@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from lemonkit.catalog.model_info import a_model_of
+from lemonkit.catalog.registry import ModelInfo
 from lemonkit.errors import (
     InvalidArgument,
     InvalidJSON,
@@ -19,10 +21,7 @@ from lemonkit.errors import (
     MissingArgument,
     ModelNotApplicable,
 )
-from lemonkit.manager import LoadedModel
-from lemonkit.model_info import a_model_of
-from lemonkit.registry import ModelInfo
-from lemonkit.server.base import LemonkitHandler, as_lemonkit_error
+from lemonkit.server.handler import LemonkitHandler, as_lemonkit_error
 from lemonkit.server.ollama.translate import (
     NDJSON,
     OllamaAnswer,
@@ -32,6 +31,7 @@ from lemonkit.server.ollama.translate import (
     parse_keep_alive,
 )
 from lemonkit.server.openai import embedding_dimensions
+from lemonkit.serving.manager import LoadedModel
 
 # -- handlers -------------------------------------------------------------------------------------------------------
 

@@ -10,8 +10,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from lemonkit import schemas
 from lemonkit.errors import InvalidArgument
+from lemonkit.formats import schemas
 from lemonkit.server.chat_stream import ChatStream
 
 #: the Ollama API version these routes follow (clients read it to tell which features the server has)

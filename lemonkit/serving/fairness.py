@@ -1,0 +1,313 @@
+"""Fair turns at the models for many users, and per-user limits.
+
+Every model request passes :meth:`FairScheduler.admission` (the user's limits: requests open at once and the
+request rate, refused at once with :class:`~lemonkit.errors.TooManyRequests`) and then takes a turn at its model
+(:meth:`FairScheduler.turn`): a model serves ``capacity`` requests at once (its sidecar's slots), and the
+requests waiting for it are queued per user and granted round-robin across users, so that one user's batch
+cannot hold everyone else back. A request whose client leaves while it waits leaves the queue.
+
+A user's limits count, per user and across models:
+
+- *active*: requests admitted and not finished, whether served or waiting for their turn;
+- *queued*: those of them waiting for a turn;
+- *rate*: requests admitted per minute (a token bucket holding a minute's worth).
+
+``0`` is no limit, the default (a personal server's one user is its owner).
+
+Besides, the requests waiting at one model, all users together, are bounded (``max_queue``, back-pressure): one
+more is refused at once with :class:`~lemonkit.errors.QueueFull` (503), told to retry once the queue ahead of it
+has likely been served, rather than left waiting past its client's own timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lemonkit.catalog.config import UserLimits
+from lemonkit.errors import QueueFull, TooManyRequests
+
+__all__ = ["FairScheduler", "ModelQueue", "TokenBucket"]
+
+log = logging.getLogger("lemonkit.serving.fairness")
+
+#: the seconds a turn is guessed to last before any has been measured
+_FIRST_GUESS = 1.0
+#: the user whose admitted request the running code serves (tasks it starts inherit it)
+_admitted: contextvars.ContextVar[str | None] = contextvars.ContextVar("lemonkit_admitted", default=None)
+
+
+class TokenBucket:
+    """``per_minute`` requests a minute: a full minute's worth may come at once, then one every
+    ``60 / per_minute`` seconds.
+
+    Args:
+        per_minute: Requests allowed per minute (more than 0).
+        clock: Seconds, monotonic.
+    """
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.capacity = float(per_minute)
+        self.per_second = per_minute / 60.0
+        self._clock = clock
+        self._tokens = self.capacity
+        self._at = clock()
+
+    def take(self) -> float:
+        """Take one request's token.
+
+        Returns:
+            0 when taken; else the seconds until a token is there (nothing was taken).
+        """
+        now = self._clock()
+        self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.per_second)
+        self._at = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return 0.0
+        return (1 - self._tokens) / self.per_second
+
+    def give_back(self) -> None:
+        """Return a token taken for a request that was refused after all."""
+        self._tokens = min(self.capacity, self._tokens + 1)
+
+
+class ModelQueue:
+    """Turns at one model: ``capacity`` at once; waiting requests queued per user, granted round-robin.
+
+    Args:
+        capacity: Requests served at once.
+    """
+
+    def __init__(self, capacity: int = 1) -> None:
+        self.capacity = max(1, capacity)
+        self.in_flight = 0
+        #: user -> their waiting requests; a user's place in this order is their place in the round
+        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+        self._last: str | None = None
+        #: seconds a turn lasts, smoothed: what a refused request is told to wait
+        self.typical_turn = _FIRST_GUESS
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(q) for q in self._waiting.values())
+
+    def retry_after(self) -> float:
+        """Seconds until the requests waiting now have likely had their turns (a refused request's
+        ``Retry-After``): the queue's depth times the typical turn, over the turns served at once."""
+        return self.typical_turn * max(1, self.waiting) / self.capacity
+
+    def health(self) -> dict[str, Any]:
+        """The ``/v1/health`` figures: slots busy and idle, requests waiting."""
+        busy = min(self.in_flight, self.capacity)
+        return {
+            "slots": {"total": self.capacity, "busy": busy, "idle": self.capacity - busy},
+            "queue_depth": self.waiting,
+        }
+
+    def must_wait(self) -> bool:
+        """Whether a request arriving now waits for its turn."""
+        return self.in_flight >= self.capacity or bool(self._waiting)
+
+    def set_capacity(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._grant()
+
+    async def acquire(self, user: str) -> None:
+        """Wait for ``user``'s turn (at once when the model has room and nobody waits).
+
+        Raises:
+            CancelledError: The request was cancelled meanwhile; it holds no turn.
+        """
+        if not self.must_wait():
+            self._granted(user)
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(user, deque()).append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.release()  # granted just as it was cancelled: pass the turn on
+            else:
+                self._forget(user, turn)
+            raise
+
+    def release(self, held: float | None = None) -> None:
+        """End a turn (``held``: the seconds it lasted) and grant the next one."""
+        self.in_flight -= 1
+        if held is not None:
+            self.typical_turn = 0.8 * self.typical_turn + 0.2 * held
+        self._grant()
+
+    def _granted(self, user: str) -> None:
+        self.in_flight += 1
+        self._last = user
+
+    def _forget(self, user: str, turn: asyncio.Future[None]) -> None:
+        queue = self._waiting.get(user)
+        if queue is not None and turn in queue:
+            queue.remove(turn)
+            if not queue:
+                del self._waiting[user]
+        turn.cancel()
+
+    def _next_user(self) -> str:
+        """The first user in the round who was not served last (them only when nobody else waits)."""
+        return next((u for u in self._waiting if u != self._last), next(iter(self._waiting)))
+
+    def _grant(self) -> None:
+        while self.in_flight < self.capacity and self._waiting:
+            user = self._next_user()
+            queue = self._waiting.pop(user)
+            turn = queue.popleft()
+            if queue:
+                self._waiting[user] = queue  # back to the end of the round
+            if turn.done():  # cancelled: its task is unwinding
+                continue
+            turn.set_result(None)
+            self._granted(user)
+
+
+@dataclass
+class _User:
+    active: int = 0
+    queued: int = 0
+
+
+class FairScheduler:
+    """Per-user admission and fair turns at every model of one server.
+
+    Args:
+        limits: Per-user limits (``0``: none).
+        clock: Seconds, monotonic (the rate's bucket and the turn times).
+        max_queue: Requests of all users that may wait at one model (``0``: no bound).
+    """
+
+    def __init__(self, limits: UserLimits, clock: Callable[[], float] = time.monotonic, *, max_queue: int = 0) -> None:
+        self.limits = limits
+        self.max_queue = max_queue
+        self._clock = clock
+        self._users: dict[str, _User] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+        self._queues: dict[str, ModelQueue] = {}
+
+    def queue(self, model: str) -> ModelQueue:
+        """The turns at ``model`` (made on first use)."""
+        queue = self._queues.get(model)
+        if queue is None:
+            queue = self._queues[model] = ModelQueue()
+        return queue
+
+    def health(self, model: str) -> dict[str, Any]:
+        """``model``'s slots and queue, for ``/v1/health`` (what it would have before any request)."""
+        return self.queue(model).health()
+
+    def busy(self, model: str) -> bool:
+        """Whether ``model`` is serving a request or has some waiting."""
+        queue = self._queues.get(model)
+        return queue is not None and (queue.in_flight > 0 or queue.waiting > 0)
+
+    def active(self, user: str) -> int:
+        """``user``'s requests admitted and not finished."""
+        state = self._users.get(user)
+        return state.active if state else 0
+
+    @contextlib.asynccontextmanager
+    async def admission(self, user: str, model: str, *, metered: bool = True) -> AsyncIterator[None]:
+        """Admit one request of ``user`` for ``model`` for as long as the block runs.
+
+        Inside a block already admitted for ``user`` (one request that uses several models, such as a recipe's
+        stages, even from tasks it started), the request has counted once: only the queues are checked.
+
+        Args:
+            metered: Charge it to the user's request rate (a session's later utterances are not: the session
+                was, when it started).
+
+        Raises:
+            TooManyRequests: The user has ``max_active`` requests open, or used their rate; nothing was done.
+            QueueFull: ``max_queue`` requests wait at the model already; nothing was done.
+        """
+        if _admitted.get() == user:
+            self._check_queued(user, model)
+            yield
+            return
+        limits = self.limits
+        if limits.max_active and self.active(user) >= limits.max_active:
+            raise TooManyRequests(
+                f"You have {self.active(user)} requests under way (at most {limits.max_active} at once): "
+                "wait for one to finish",
+                retry_after=self.queue(model).typical_turn,
+            )
+        self._check_queued(user, model)
+        if metered and limits.rate:
+            bucket = self._buckets.get(user)
+            if bucket is None:
+                bucket = self._buckets[user] = TokenBucket(limits.rate, self._clock)
+            wait = bucket.take()
+            if wait:
+                raise TooManyRequests(
+                    f"You sent {limits.rate} requests in the last minute (the most allowed)",
+                    retry_after=math.ceil(wait),
+                )
+        state = self._users.setdefault(user, _User())  # refused requests leave nothing behind
+        state.active += 1
+        inside = _admitted.set(user)
+        try:
+            yield
+        finally:
+            _admitted.reset(inside)
+            state.active -= 1
+            if not state.active:
+                del self._users[user]
+
+    def _check_queued(self, user: str, model: str) -> None:
+        """Refuse a request that would wait where its user, or the model's queue, has no more room."""
+        queue, limit = self.queue(model), self.limits.max_queued
+        if not queue.must_wait():
+            return
+        waiting = self._users[user].queued if user in self._users else 0
+        if limit and waiting >= limit:
+            raise TooManyRequests(
+                f"You have {waiting} requests waiting (at most {limit}): wait for one to start",
+                retry_after=queue.retry_after(),
+            )
+        if self.max_queue and queue.waiting >= self.max_queue:
+            raise QueueFull(
+                f"{queue.waiting} requests are waiting for {model} already (at most {self.max_queue}): "
+                "the server is busy, try again later",
+                retry_after=queue.retry_after(),
+            )
+
+    @contextlib.asynccontextmanager
+    async def turn(self, model: str, user: str) -> AsyncIterator[ModelQueue]:
+        """Hold a turn at ``model`` for ``user`` (an admitted request) while the block runs.
+
+        Raises:
+            TooManyRequests: The request would wait, and the user has ``max_queued`` requests waiting already.
+            QueueFull: The request would wait, and ``max_queue`` requests wait at the model already.
+            CancelledError: The request was cancelled while it waited; it left the queue.
+        """
+        queue = self.queue(model)
+        self._check_queued(user, model)  # again: a load may have come between admission and turn
+        state = self._users.setdefault(user, _User())
+        if queue.must_wait():  # in the user's own log stream: why their request has not started yet
+            log.info("%s waits for a turn at %s (%d served, %d waiting)", user, model, queue.in_flight, queue.waiting)
+        state.queued += 1
+        try:
+            await queue.acquire(user)
+        finally:
+            state.queued -= 1
+        start = self._clock()
+        try:
+            yield queue
+        finally:
+            queue.release(self._clock() - start)
