@@ -108,6 +108,7 @@ def host_estimate(
     n_ubatch: int = 512,
     type_k: int = 1,
     type_v: int = 1,
+    cache_ram: int = 0,
 ) -> int:
     """Host bytes of a model's sidecar.
 
@@ -118,15 +119,16 @@ def host_estimate(
             (the input embedding, a projector) and the device holds the rest, which
             :meth:`lemonkit.serving.manager.ModelManager` places apart.
         n_ctx, n_ubatch, type_k, type_v: As for :func:`estimate`.
+        cache_ram: The bytes its prompt cache may take in host memory besides (``--cache-ram``).
     """
     if layout is None:
         return PROCESS_BYTES + file_bytes
     if on_gpu:
-        return PROCESS_BYTES + max(0, file_bytes - layout.weight_bytes) + layout.other_bytes
+        return PROCESS_BYTES + max(0, file_bytes - layout.weight_bytes) + layout.other_bytes + cache_ram
     # every block's KV cache and activations; of the output layer only the logits of the sequences a step decodes
     # (the batcher's slots), as llama.cpp computes logits for a batch's outputs alone
     blocks = estimate(layout, layout.n_layer, n_ctx=n_ctx, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, overhead=0)
-    return PROCESS_BYTES + file_bytes + blocks.kv + blocks.compute + _HOST_OUTPUTS * layout.n_vocab * 4
+    return PROCESS_BYTES + file_bytes + blocks.kv + blocks.compute + _HOST_OUTPUTS * layout.n_vocab * 4 + cache_ram
 
 
 #: the share of its memory a model's automatic context may fill with KV cache (the rest: its weights, other models)

@@ -111,6 +111,13 @@ def _budget(value: str) -> int:
     return n
 
 
+def _mebibytes(value: str) -> int:
+    n = int(value)
+    if n < -1:
+        raise ValueError("MiB: -1 (no limit), 0 (off) or a size")
+    return n
+
+
 _VALUE_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {}
 for _names, _key, _conv in (
     (("-t", "--threads"), "n_threads", int),
@@ -137,6 +144,7 @@ for _names, _key, _conv in (
     (("--grammar",), "grammar", str),  # a default GBNF for the model's answers (a request's grammar wins)
     (("--reasoning-budget",), "reasoning_budget", _budget),
     (("-np", "--parallel"), "n_parallel", int),  # requests generated together (continuous batching)
+    (("-cram", "--cache-ram"), "cache_ram", _mebibytes),  # host RAM for prompts evicted from the slots
     (("-lm", "--load-mode"), "load_mode", _load_mode),  # llama-server's successor of --[no-]mmap and --mlock
     # offload: llama.cpp builds with a GPU backend (lemonkit.catalog.llamacpp_builds); the CPU build has nothing to
     # offload to

@@ -162,3 +162,31 @@ async def test_cache_prompt_false_evaluates_the_whole_prompt(host: Host) -> None
         assert whole["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
         refused = await client.post("chat/completions", json={**body, "cache_prompt": "no"})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_argument"
+
+
+async def _alternate(client: httpx.AsyncClient, llamacpp_args: str, a1: str, b: str, a2: str) -> dict[str, Any]:
+    """Load TINY with one slot and ``llamacpp_args``, complete ``a1``, ``b``, then ``a2``; the last answer."""
+    await _fresh(client, TINY)
+    load = {"model_name": TINY, "llamacpp_args": f"--parallel 1 {llamacpp_args}"}
+    assert (await client.post("load", json=load)).status_code == 200
+    for prompt in (a1, b):
+        await _post(client, "completions", {"model": TINY, "prompt": prompt, "max_tokens": 4, **GREEDY})
+    return await _post(client, "completions", {"model": TINY, "prompt": a2, "max_tokens": 8, **GREEDY})
+
+
+async def test_two_contexts_alternated_in_one_slot_reuse_their_prefix_from_ram(host: Host) -> None:
+    """With ``--cache-ram`` a prompt another one displaces from the slot waits in host memory: the first context,
+    asked again after the second, reuses its shared prefix, and answers as it does without the cache."""
+    a = "alpha beta gamma delta epsilon zeta eta theta iota kappa " * 4
+    b = "zulu yankee xray whiskey victor uniform tango sierra romeo " * 4
+    a1, a2 = a + "lambda", a + "omicron"
+    shared = _shared(_tokens(a1), _tokens(a2))
+    assert shared > _shared(_tokens(b), _tokens(a2)) + 20  # the test means something only if the prefix is long
+    async with host.client() as client:
+        cached = await _alternate(client, "--cache-ram 16", a1, b, a2)
+        assert await _cached(client, cached) == min(shared, cached["usage"]["prompt_tokens"] - 1)
+        plain = await _alternate(client, "", a1, b, a2)
+        assert await _cached(client, plain) == _shared(_tokens(b), _tokens(a2))  # the slot held b only
+        await _fresh(client, TINY)
+    assert cached["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert cached["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]

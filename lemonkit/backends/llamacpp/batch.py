@@ -13,8 +13,11 @@ tokens into text (:class:`~lemonkit.backends.llamacpp.generation.Generator`).
 
 New requests join at the next step; a finished, stopped or cancelled one frees its slot at once. An idle slot keeps
 its tokens as a prompt cache: a newcomer takes the idle slot sharing its longest prefix (llama-server's slot
-similarity) and evaluates only the rest. When the cache is full, idle slots' caches go first; if that is not
-enough, the newest sequence ends with finish_reason "length".
+similarity) and evaluates only the rest. With a RAM cache (``--cache-ram``, :mod:`~lemonkit.backends.llamacpp.
+prompt_cache`) a slot's cache that a newcomer would cut back is saved to host memory first, and a newcomer that
+shares more with a saved prompt than with its slot has that prompt restored into the slot. When the KV cache is
+full, idle slots' caches go first (to the RAM cache, if there is one); if that is not enough, the newest sequence
+ends with finish_reason "length".
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores, on_cores
+from lemonkit.backends.llamacpp.prompt_cache import PromptCache, common_prefix
 from lemonkit.backends.llamacpp.sampler import SeqSampler
 from lemonkit.backends.llamacpp.step_costs import StepCosts
 from lemonkit.backends.protocol import Cancelled
@@ -141,6 +145,7 @@ class Batcher:
             keeps every step at two rows or more when the model's kernels round one row differently from several
             (:mod:`~lemonkit.backends.llamacpp.kernels`); None: steps run as they come.
         turn: Entered around every decode: CPU cores for its threads (:mod:`~lemonkit.backends.llamacpp.cpu_turns`).
+        cache_ram: Bytes of host memory for prompts evicted from the slots (0: none, negative: no bound).
     """
 
     def __init__(
@@ -154,6 +159,7 @@ class Batcher:
         vision: Vision | None,
         spare_seq: int | None = None,
         turn: Turn = any_cores,
+        cache_ram: int = 0,
     ) -> None:
         import llama_cpp as lc
         import numpy as np
@@ -196,6 +202,7 @@ class Batcher:
         #: a decode of the step got fewer cores than it asked for (other sidecars held them): it measured them
         self._short = False
         self._used = self._threads[0]  # the threads of the last decode
+        self.cache = PromptCache(cache_ram) if cache_ram else None
         self._thread = threading.Thread(target=self._loop, name="llama-decode", daemon=True)
         self._thread.start()
 
@@ -301,8 +308,8 @@ class Batcher:
         """The idle slot sharing the longest prefix with ``tokens`` when that is a real share of the prompt (as
         llama-server's ``slot_prompt_similarity``), else the least recently used one (never used ones first): a
         two-token match is not worth another conversation's cache."""
-        best = max(idle, key=lambda s: (_common_prefix(s.tokens, tokens) if s.reusable else 0, -s.used))
-        shared = _common_prefix(best.tokens, tokens) if best.reusable else 0
+        best = max(idle, key=lambda s: (common_prefix(s.tokens, tokens) if s.reusable else 0, -s.used))
+        shared = common_prefix(best.tokens, tokens) if best.reusable else 0
         if shared > 0 and shared >= SIMILARITY * len(tokens):
             return best
         return min(idle, key=lambda s: s.used)
@@ -328,7 +335,9 @@ class Batcher:
         # Without batch-invariant kernels ggml rounds a prompt evaluated in one batch and its last token evaluated
         # alone differently: a request that must repeat an earlier answer there asks for the whole prompt
         # (cache_prompt: false, llama-server's field)
-        prefix = _common_prefix(slot.tokens, tokens) if slot.reusable and job.cache_prompt else 0
+        prefix = common_prefix(slot.tokens, tokens) if slot.reusable and job.cache_prompt else 0
+        if self.cache is not None and job.cache_prompt:
+            prefix = self._from_ram(slot, tokens, prefix)
         reuse = min(prefix, len(tokens) - 1)  # at least one token is evaluated, for fresh logits
         if not (reuse > 0 and self._window_intact(slot.id, reuse) and self._seq_rm(slot.id, reuse)):
             reuse = 0
@@ -341,6 +350,41 @@ class Batcher:
         slot.limit = self._limit(job.max_tokens, len(tokens))
         run.cached = reuse
         run.prompt_tokens = len(tokens)
+
+    def _from_ram(self, slot: _Slot, tokens: list[int], prefix: int) -> int:
+        """Before ``slot``'s cache is cut back to ``prefix`` tokens of ``tokens``: save it to the RAM cache, and
+        restore the saved prompt sharing more with ``tokens``, if there is one; returns the prefix the slot holds."""
+        assert self.cache is not None
+        entry, shared = self.cache.best(tokens)
+        better = entry is not None and shared > prefix and shared >= SIMILARITY * len(tokens)
+        if better or prefix < len(slot.tokens):
+            self._save(slot)
+        if not better or entry is None:
+            return prefix
+        self._seq_rm(slot.id, 0)
+        slot.tokens, slot.n_past = [], 0
+        self.cache.take(entry)
+        if self._lc.llama_state_seq_set_data(self._ctx, entry.state, entry.size, slot.id) != entry.size:
+            self._seq_rm(slot.id, 0)  # no room for it: the prompt is evaluated whole
+            return 0
+        if self._spare is not None:
+            self._compact_due = True  # its cells went where there was room: lay them out in order again
+        slot.tokens = entry.tokens
+        return shared
+
+    def _save(self, slot: _Slot) -> None:
+        """Copy ``slot``'s sequence state into the RAM cache (unless it holds no tokens or it is there already)."""
+        assert self.cache is not None
+        lc = self._lc
+        if not slot.reusable or not slot.tokens or self.cache.holds(slot.tokens):
+            return
+        if lc.llama_memory_seq_pos_max(self._mem, slot.id) < 0:
+            return
+        size = lc.llama_state_seq_get_size(self._ctx, slot.id)
+        buf = (ctypes.c_uint8 * size)()
+        n = lc.llama_state_seq_get_data(self._ctx, buf, size, slot.id)
+        if n:
+            self.cache.add(slot.tokens, buf, n)
 
     def _admit_vision(self, slot: _Slot, seq: Seq) -> None:
         """Evaluate a prompt with images at once (mtmd drives its own decodes), then sample its first token."""
@@ -492,6 +536,8 @@ class Batcher:
         if rc == 1:  # no room in the KV cache for this batch
             idle = [s for s in self._slots if s.seq is None and s.n_past > 0]
             for slot in idle:
+                if self.cache is not None:
+                    self._save(slot)
                 self._seq_rm(slot.id, 0)
                 slot.tokens, slot.n_past = [], 0
             if idle:
@@ -633,12 +679,3 @@ class Batcher:
         """
         pos_min = int(self._lc.llama_memory_seq_pos_min(self._mem, seq_id))
         return pos_min <= max(0, n_past - max(1, self._n_swa))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n

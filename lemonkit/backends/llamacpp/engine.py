@@ -70,6 +70,9 @@ DEFAULT_N_BATCH = 512
 #: Requests generated together (``--parallel``), llama-server's default: measured on Gemma 3 270M, 2 threads
 #: (see README), 4 streams give most of the aggregate gain of batching.
 DEFAULT_N_PARALLEL = 4
+#: MiB of host memory for prompts evicted from the slots (``--cache-ram``; llama-server's default is 8192): off
+#: unless asked, as the model manager's memory plan does not count it yet
+DEFAULT_CACHE_RAM = 0
 
 
 def _cpu_turns() -> CpuTurns | None:
@@ -135,6 +138,7 @@ class LlamaCppEngine:
         if n_parallel < 1 or n_parallel > limit:
             raise InvalidArgument(f"--parallel must be from 1 to {limit}, got {n_parallel}")
         self._n_parallel = n_parallel if self.kind == "llm" else 1
+        cache_ram = args.pop("cache_ram", DEFAULT_CACHE_RAM)
         n_ubatch = args.get("n_ubatch", DEFAULT_N_BATCH) if self.kind == "llm" else ctx
         chosen = self._placement(spec, args, path, ctx=ctx, n_ubatch=n_ubatch)
         invariant, repack = self._kernel_choice(args)
@@ -202,6 +206,7 @@ class LlamaCppEngine:
             n_batch=kwargs["n_batch"],
             invariant=self.batch_invariant,
             turn=self._turn,
+            cache_ram=cache_ram * 2**20 if cache_ram > 0 else cache_ram,
         )
         if self.kind == "llm":
             self._gen.preserve(self._chat_format.markers)

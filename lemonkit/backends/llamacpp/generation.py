@@ -229,6 +229,7 @@ class Generator:
         n_batch: Tokens decoded per step.
         invariant: The model runs on batch-invariant kernels; the batcher keeps the extra sequence for padding.
         turn: Entered around every decode: CPU cores for its threads.
+        cache_ram: Bytes of host memory for prompts evicted from the slots (0: none, negative: no bound).
     """
 
     def __init__(
@@ -240,6 +241,7 @@ class Generator:
         n_batch: int = 512,
         invariant: bool = False,
         turn: Turn = any_cores,
+        cache_ram: int = 0,
     ) -> None:
         import llama_cpp
 
@@ -266,6 +268,7 @@ class Generator:
             vision=vision,
             spare_seq=n_parallel if invariant else None,
             turn=turn,
+            cache_ram=cache_ram,
         )
 
     @property
