@@ -275,11 +275,11 @@ def _serve(args: argparse.Namespace) -> int:
     browsers = {"allowed_hosts": args.allowed_hosts, "allowed_origins": args.allowed_origins}
     if args.command == "serve" and args.jupyterhub_service:
         _configure_logging(args.log_level)
-        from lemonkit.server import jupyterhub as hub
+        from lemonkit.server import jupyterhub
 
         if args.hub_admin_scope:
             settings.hub_admin_scope = args.hub_admin_scope
-        asyncio.run(hub.serve(hub.HubSettings.from_env(), settings, preload=args.load))
+        asyncio.run(jupyterhub.serve(jupyterhub.HubSettings.from_env(), settings, preload=args.load))
         return 0
     if args.command == "serve":
         _configure_logging(args.log_level)

@@ -151,7 +151,7 @@ def test_every_catalog_row_has_a_decision(reg: Registry) -> None:
 
 def test_catalog_parses_every_lemonade_row(reg: Registry, caplog: pytest.LogCaptureFixture) -> None:
     lemonade = overridden_catalog()
-    with caplog.at_level(logging.ERROR, logger="lemonkit.catalog.registry"):
+    with caplog.at_level(logging.ERROR, logger="lemonkit.registry"):
         fresh = Registry(reg.cache_dir, hf_cache=reg.hf_cache)
     assert not caplog.records, caplog.text
     for name, row in lemonade.items():

@@ -195,7 +195,7 @@ def test_user_rows_with_escaping_names_are_skipped(tmp_path: Path, caplog: pytes
     }
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "user_models.json").write_text(json.dumps(rows))
-    with caplog.at_level(logging.ERROR, logger="lemonkit.catalog.registry"):
+    with caplog.at_level(logging.ERROR, logger="lemonkit.registry"):
         registry = Registry(tmp_path / "cache", hf_cache=hf)
     ids = {m.id for m in registry.list(show_all=True) if m.user}
     assert ids == {"user.fine"}

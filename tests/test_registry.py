@@ -101,7 +101,7 @@ def reg(cache: Path, hf_cache: Path) -> Registry:
 
 
 def test_catalog_loads_every_row(reg: Registry, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.ERROR, logger="lemonkit.catalog.registry"):
+    with caplog.at_level(logging.ERROR, logger="lemonkit.registry"):
         rows = json.loads(registry_module.CATALOG_PATH.read_text())
         fresh = Registry(reg.cache_dir, hf_cache=reg.hf_cache)
     assert not caplog.records, caplog.text
@@ -242,7 +242,7 @@ def test_user_models(cache: Path, hf_cache: Path, caplog: pytest.LogCaptureFixtu
     }
     write_user_models(cache, rows)
     before = (cache / "user_models.json").read_text()
-    with caplog.at_level(logging.ERROR, logger="lemonkit.catalog.registry"):
+    with caplog.at_level(logging.ERROR, logger="lemonkit.registry"):
         reg = Registry(cache, hf_cache=hf_cache)
 
     phi = reg.get("user.Phi-4-Mini-GGUF")
@@ -274,7 +274,7 @@ def test_user_models_file_change_is_picked_up(cache: Path, hf_cache: Path) -> No
 def test_unreadable_user_models(cache: Path, hf_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
     cache.mkdir()
     (cache / "user_models.json").write_text("{not json")
-    with caplog.at_level(logging.ERROR, logger="lemonkit.catalog.registry"):
+    with caplog.at_level(logging.ERROR, logger="lemonkit.registry"):
         reg = Registry(cache, hf_cache=hf_cache)
     assert "user_models.json" in caplog.text
     assert reg.get("Qwen3-0.6B-GGUF")
@@ -615,7 +615,7 @@ def test_save_options_atomic_and_reloaded(cache: Path, hf_cache: Path, monkeypat
 def test_unreadable_recipe_options(cache: Path, hf_cache: Path, caplog: pytest.LogCaptureFixture) -> None:
     cache.mkdir()
     (cache / "recipe_options.json").write_text("[1, 2]")
-    with caplog.at_level(logging.ERROR, logger="lemonkit.catalog.registry"):
+    with caplog.at_level(logging.ERROR, logger="lemonkit.registry"):
         reg = Registry(cache, hf_cache=hf_cache)
         assert reg.saved_options("Qwen3-0.6B-GGUF") == {}
     assert "recipe_options.json" in caplog.text

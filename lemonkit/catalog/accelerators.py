@@ -25,7 +25,7 @@ from typing import Any
 
 __all__ = ["detect", "ggml_vulkan_names", "kfd_gfx_targets", "probe"]
 
-log = logging.getLogger("lemonkit.catalog.accelerators")
+log = logging.getLogger("lemonkit.accelerators")
 
 _VK_TYPES = {0: "other", 1: "integrated_gpu", 2: "discrete_gpu", 3: "virtual_gpu", 4: "cpu"}
 _VK_VENDORS = {

@@ -47,7 +47,7 @@ from lemonkit.formats.gguf_header import read_gguf_context_length
 
 __all__ = ["COLLECTION_OMNI", "ModelInfo", "Registry", "ResolvedFiles"]
 
-log = logging.getLogger("lemonkit.catalog.registry")
+log = logging.getLogger("lemonkit.registry")
 
 CATALOG_PATH = Path(__file__).parent / "data" / "server_models.json"
 USER_MODELS = "user_models.json"

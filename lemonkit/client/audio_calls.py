@@ -22,7 +22,7 @@ from lemonkit.client.model_calls import ModelCalls
 from lemonkit.client.transcripts import Transcript
 from lemonkit.client.voice_chat_reply import VoiceChatOptions, VoiceChatReply
 from lemonkit.errors import InvalidArgument
-from lemonkit.formats import audio_codec as audio
+from lemonkit.formats import audio_codec
 from lemonkit.formats.health import loaded_model
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def speech_body(text: str, model: str, voice: str | None, speed: float) -> dict[
 
 
 def speech_of(body: dict[str, Any], wav: bytes, facts: dict[str, Any]) -> Speech:
-    decoded = audio.decode(wav, sample_rate=None)
+    decoded = audio_codec.decode(wav, sample_rate=None)
     return Speech(
         decoded.samples,
         decoded.sample_rate,
@@ -208,7 +208,7 @@ def voice_chat_body(question: AudioInput, options: VoiceChatOptions) -> dict[str
 
 def voice_chat_of(body: dict[str, Any], answer: dict[str, Any], facts: dict[str, Any]) -> VoiceChatReply:
     """The :class:`~lemonkit.client.voice_chat_reply.VoiceChatReply` of the recipe's JSON result."""
-    decoded = audio.decode(base64.b64decode(answer["audio"]), sample_rate=None)
+    decoded = audio_codec.decode(base64.b64decode(answer["audio"]), sample_rate=None)
     models, options = answer.get("models") or {}, body["request"]["options"]
     speech = Speech(
         decoded.samples,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from lemonkit.errors import InvalidArgument
-from lemonkit.formats import audio_codec as audio
+from lemonkit.formats import audio_codec
 
 __all__ = ["SAVE_FORMATS", "AudioClip", "Speech"]
 
@@ -47,7 +47,7 @@ class AudioClip:
         Raises:
             UndecodableAudio: No installed decoder reads them.
         """
-        decoded = audio.decode(data, sample_rate=None)
+        decoded = audio_codec.decode(data, sample_rate=None)
         return cls(decoded.samples, decoded.sample_rate)
 
     @property
@@ -61,7 +61,7 @@ class AudioClip:
         Raises:
             InvalidArgument: An unknown format.
         """
-        return audio.encode(self.samples, self.sample_rate, format)
+        return audio_codec.encode(self.samples, self.sample_rate, format)
 
     def save(self, path: str | Path) -> Path:
         """Write the audio to ``path``, in the format its extension names (``.wav``, ``.flac``, ``.mp3``, ``.ogg``).

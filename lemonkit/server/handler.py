@@ -46,11 +46,20 @@ if TYPE_CHECKING:
 else:
     _Base = _WebSocketBase = object
 
-__all__ = ["SSE_HEADERS", "LemonkitHandler", "LemonkitWebSocket", "allow_unauthenticated", "as_lemonkit_error"]
+__all__ = [
+    "API_PREFIXES",
+    "SSE_HEADERS",
+    "LemonkitHandler",
+    "LemonkitWebSocket",
+    "allow_unauthenticated",
+    "as_lemonkit_error",
+]
 
 log = logging.getLogger("lemonkit.server")
 
 JSON = "application/json"
+#: every versioned route is served under each of these (the route table's, and what a handler finds its root by)
+API_PREFIXES = ("api/v1/", "v1/", "api/v0/", "v0/")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _HTTP_CODES = {401: "invalid_api_key", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
 

@@ -9,7 +9,8 @@ from lemonkit.catalog.recipe_options import RECIPE_OPTIONS
 from lemonkit.catalog.registry import COLLECTION_OMNI, ModelInfo, Registry
 from lemonkit.catalog.system_info import system_info
 from lemonkit.errors import InvalidArgument, ModelLoadRefused, ModelNotFound
-from lemonkit.server.handler import LemonkitHandler, allow_unauthenticated
+from lemonkit.server.handler import API_PREFIXES, LemonkitHandler, allow_unauthenticated
+from lemonkit.server.logs import LOG_STREAM_PATH
 
 __all__ = ["HealthHandler", "LiveHandler", "LoadHandler", "StatsHandler", "SystemInfoHandler", "UnloadHandler"]
 
@@ -106,9 +107,6 @@ class HealthHandler(LemonkitHandler):
         ``websocket_port`` is the local port of this very connection (the bound port even with ``--port 0``; none
         on a Unix socket, and then the field is left out). ``websocket_path`` (lemonkit's own field) is where on
         that port: Jupyter mounts it under ``{base_url}lemonkit/``, not at the spec's ``/logs/stream``."""
-        from lemonkit.server.logs import LogStreamHandler
-        from lemonkit.server.routes import API_PREFIXES, WS_ROUTES  # routes imports this module
-
         found: dict[str, Any] = {}
         stream = getattr(self.request.connection, "stream", None)
         sock = getattr(stream, "socket", None)
@@ -119,7 +117,7 @@ class HealthHandler(LemonkitHandler):
         path = self.request.path.rstrip("/")
         root = next((path[: -len(p + "health")] for p in API_PREFIXES if path.endswith(f"/{p}health")), None)
         if root is not None:
-            found["websocket_path"] = root + next(p for p, cls in WS_ROUTES if cls is LogStreamHandler)
+            found["websocket_path"] = root + LOG_STREAM_PATH
         return found
 
 

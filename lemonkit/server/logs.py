@@ -18,7 +18,10 @@ from lemonkit.formats.bodies import parse_json
 from lemonkit.server.handler import LemonkitWebSocket
 from lemonkit.serving.log_store import STORE
 
-__all__ = ["SNAPSHOT_BYTES", "LogStreamHandler"]
+#: where the handler is served, off a host's root (the route table's entry, and what ``/v1/health`` reports)
+LOG_STREAM_PATH = "logs/stream"
+
+__all__ = ["LOG_STREAM_PATH", "SNAPSHOT_BYTES", "LogStreamHandler"]
 
 #: the most a ``logs.snapshot`` message carries: the newest entries that fit (the spec's "up to 5000"), within
 #: what WebSocket clients accept by default (Python's websockets: 1 MiB; Tornado's: 10 MiB)

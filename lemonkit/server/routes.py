@@ -6,6 +6,7 @@ from typing import Any
 
 from lemonkit.server import (
     anthropic,
+    image_generation,
     install,
     lemonade,
     live_transcription,
@@ -14,17 +15,16 @@ from lemonkit.server import (
     ollama,
     openai,
     options,
+    pulls,
     realtime,
     recipes,
     speech,
     tasks,
+    transcriptions,
     upscale,
     utility,
 )
-from lemonkit.server import image_generation as images
-from lemonkit.server import pulls as downloads
-from lemonkit.server import transcriptions as audio
-from lemonkit.server.handler import LemonkitHandler, LemonkitWebSocket, NotFoundHandler
+from lemonkit.server.handler import API_PREFIXES, LemonkitHandler, LemonkitWebSocket, NotFoundHandler
 
 __all__ = [
     "API_PREFIXES",
@@ -37,8 +37,6 @@ __all__ = [
     "build",
 ]
 
-#: every versioned route is served under each of these
-API_PREFIXES = ("api/v1/", "v1/", "api/v0/", "v0/")
 
 API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("chat/completions", openai.ChatCompletionsHandler),
@@ -53,17 +51,17 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("slots", utility.SlotsHandler),
     ("embeddings", openai.EmbeddingsHandler),
     ("(?:rerank|reranking|reranker)", openai.RerankHandler),
-    ("audio/transcriptions", audio.TranscriptionHandler),
-    ("audio/transcriptions/details", audio.TranscriptionDetailsHandler),
+    ("audio/transcriptions", transcriptions.TranscriptionHandler),
+    ("audio/transcriptions/details", transcriptions.TranscriptionDetailsHandler),
     ("audio/transcriptions/live", live_transcription.LiveTranscriptionHandler),
-    ("audio/alignments", audio.AlignmentHandler),
-    ("batches/transcriptions", audio.BatchTranscriptionHandler),
+    ("audio/alignments", transcriptions.AlignmentHandler),
+    ("batches/transcriptions", transcriptions.BatchTranscriptionHandler),
     ("audio/speech", speech.SpeechHandler),
     ("audio/voices", speech.VoicesHandler),
     ("audio/models", speech.SpeechModelsHandler),
-    ("images/generations", images.ImageGenerationHandler),
-    ("images/edits", images.ImageEditHandler),
-    ("images/variations", images.ImageVariationHandler),
+    ("images/generations", image_generation.ImageGenerationHandler),
+    ("images/edits", image_generation.ImageEditHandler),
+    ("images/variations", image_generation.ImageVariationHandler),
     ("images/upscale", upscale.UpscaleHandler),
     ("tasks/run", tasks.TaskRunHandler),
     ("tasks/stream", tasks.TaskStreamHandler),
@@ -79,11 +77,11 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("health", lemonade.HealthHandler),
     ("stats", lemonade.StatsHandler),
     ("system-info", lemonade.SystemInfoHandler),
-    ("pull", downloads.PullHandler),
-    ("pull/variants", downloads.VariantsHandler),
-    ("downloads", downloads.DownloadsHandler),
-    ("downloads/control", downloads.DownloadsControlHandler),
-    ("delete", downloads.DeleteHandler),
+    ("pull", pulls.PullHandler),
+    ("pull/variants", pulls.VariantsHandler),
+    ("downloads", pulls.DownloadsHandler),
+    ("downloads/control", pulls.DownloadsControlHandler),
+    ("delete", pulls.DeleteHandler),
     ("recipes", recipes.RecipesHandler),
     ("recipes/run", recipes.RecipeRunHandler),
     ("install", install.InstallHandler),
@@ -101,7 +99,7 @@ PROBE_ROUTES = [("health", lemonade.HealthHandler)]
 
 #: WebSocket routes, unversioned like ``/live`` (the spec serves them from the root of its WebSocket port)
 WS_ROUTES: list[tuple[str, type[LemonkitWebSocket]]] = [
-    ("logs/stream", logs.LogStreamHandler),
+    (logs.LOG_STREAM_PATH, logs.LogStreamHandler),
     ("realtime", realtime.RealtimeHandler),
 ]
 #: WebSocket routes also served under each API prefix: OpenAI's SDK connects to ``{base_url}/realtime``

@@ -11,7 +11,7 @@ from lemonkit.catalog.registry import ModelInfo, Registry
 from lemonkit.catalog.support import SupportPolicy
 from lemonkit.downloads import DownloadManager
 from lemonkit.errors import AdminRequired
-from lemonkit.serving import log_store as logs
+from lemonkit.serving import log_store
 from lemonkit.serving.caller import current, tag_callers
 from lemonkit.serving.installer import Installer
 from lemonkit.serving.manager import ModelManager
@@ -39,7 +39,7 @@ class Service:
         self.manager = ModelManager(self.settings, self.registry, install=self.install)
         self.installer = Installer(self.settings, self.manager)
         self.responses = ResponseStore(self.settings.cache_dir)
-        logs.install()  # the log stream starts with the server
+        log_store.install()  # the log stream starts with the server
         # the GPU drivers are asked once per process, in a child (about 2 s with Mesa's lavapipe): start now, so no
         # request waits for it
         threading.Thread(target=accelerators.detect, name="lemonkit-devices", daemon=True).start()

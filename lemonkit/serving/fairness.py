@@ -37,7 +37,7 @@ from lemonkit.errors import QueueFull, TooManyRequests
 
 __all__ = ["FairScheduler", "ModelQueue", "TokenBucket"]
 
-log = logging.getLogger("lemonkit.serving.fairness")
+log = logging.getLogger("lemonkit.fairness")
 
 #: the seconds a turn is guessed to last before any has been measured
 _FIRST_GUESS = 1.0

@@ -40,12 +40,12 @@ from lemonkit.catalog.system_info import (
     wanted_llamacpp,
 )
 from lemonkit.errors import BackendUnsupported, InstallError, InvalidArgument, PrerequisitesMissing
-from lemonkit.serving import log_store as logs
+from lemonkit.serving import log_store
 from lemonkit.serving.manager import LoadedModel, ModelManager
 
 __all__ = ["Installer"]
 
-log = logging.getLogger("lemonkit.serving.installer")
+log = logging.getLogger("lemonkit.installer")
 
 #: called with each line pip prints, and how far a build is (percent) where its line says
 LineSink = Callable[[str, "int | None"], None]
@@ -402,9 +402,9 @@ class Installer:
             assert process.stdout is not None
             tail: deque[str] = deque(maxlen=5)
             try:
-                async for line in logs.read_lines(process.stdout):
+                async for line in log_store.read_lines(process.stdout):
                     tail.append(line)
-                    logs.STORE.add(logs.line_severity(line), "pip", line)
+                    log_store.STORE.add(log_store.line_severity(line), "pip", line)
                     if on_line is not None:
                         step = _NINJA.match(line)
                         on_line(line, int(99 * int(step[1]) / max(1, int(step[2]))) if step else None)

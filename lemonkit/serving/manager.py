@@ -63,7 +63,7 @@ from lemonkit.serving.fairness import FairScheduler
 
 __all__ = ["MODEL_TYPES", "RECIPE_OPTIONS", "LoadedModel", "ModelManager"]
 
-log = logging.getLogger("lemonkit.serving.manager")
+log = logging.getLogger("lemonkit.manager")
 
 #: the types /v1/health reports slots for
 MODEL_TYPES = ("llm", "embedding", "reranking", "transcription", "image", "tts")

@@ -20,7 +20,7 @@ from lemonkit.backends.llamacpp.interleave import interleave
 from lemonkit.backends.protocol import Cancelled
 
 if TYPE_CHECKING:
-    from lemonkit.backends.llamacpp.generation import Job, Logprob
+    from lemonkit.backends.llamacpp.jobs import Job, Logprob
 
 __all__ = [
     "ChatPlan",

@@ -40,7 +40,7 @@ from lemonkit.backends.protocol import Cancelled
 
 if TYPE_CHECKING:
     from lemonkit.backends.llamacpp.answers import Run
-    from lemonkit.backends.llamacpp.generation import Job
+    from lemonkit.backends.llamacpp.jobs import Job
     from lemonkit.backends.llamacpp.vision import Vision
 
 __all__ = ["Batcher", "End", "Seq", "parallel_context"]

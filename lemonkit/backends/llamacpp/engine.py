@@ -40,7 +40,8 @@ from lemonkit.backends.llamacpp.answers import (
 from lemonkit.backends.llamacpp.batch import parallel_context
 from lemonkit.backends.llamacpp.cpu_turns import CpuTurns, Turn, any_cores, on_cores
 from lemonkit.backends.llamacpp.devices import Device, gpu_devices, load_on
-from lemonkit.backends.llamacpp.generation import Generator, Job, Sampling, check_arg, top_logprobs
+from lemonkit.backends.llamacpp.generation import Generator, Sampling, check_arg, top_logprobs
+from lemonkit.backends.llamacpp.jobs import Job
 from lemonkit.backends.llamacpp.kernels import reference_kernels
 from lemonkit.backends.llamacpp.sampler import ReasoningBudget
 from lemonkit.backends.llamacpp.vision import Vision, decode_data_url

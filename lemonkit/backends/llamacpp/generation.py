@@ -15,14 +15,14 @@ import math
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lemonkit.backends.chat import StopMatcher
 from lemonkit.backends.llamacpp.answers import Run
 from lemonkit.backends.llamacpp.batch import Batcher, End
 from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores
-from lemonkit.backends.llamacpp.sampler import ReasoningBudget
+from lemonkit.backends.llamacpp.jobs import Job, Logprob
 from lemonkit.backends.protocol import Cancelled
 from lemonkit.errors import InvalidArgument
 from lemonkit.formats.generation_metrics import GenerationTotals
@@ -45,9 +45,6 @@ DEFAULT_SAMPLING: dict[str, Any] = {
 }
 MAX_TOP_LOGPROBS = 20
 
-#: A generated token's logprob: (token, its bytes, logprob, [(alternative token, logprob)...]).
-Logprob = tuple[int, bytes, float, list[tuple[int, float]]]
-
 
 def check_arg(name: str, value: Any, ok: bool, what: str) -> None:
     if not ok:
@@ -59,24 +56,6 @@ def top_logprobs(name: str, value: Any, what: str = "an integer") -> int:
     ok = isinstance(value, int) and 0 <= value <= MAX_TOP_LOGPROBS
     check_arg(name, value, ok, f"{what} from 0 to {MAX_TOP_LOGPROBS}")
     return int(value)
-
-
-@dataclass
-class Job:
-    """One generation: the prompt and everything that shapes sampling."""
-
-    tokens: list[int]
-    sampling: dict[str, Any]
-    seed: int
-    max_tokens: int  # -1: until the context is full
-    stops: list[str] = field(default_factory=list)
-    grammar: str | None = None
-    n_probs: int | None = None  # None: no logprobs; else top alternatives per token
-    prompt: str = ""
-    images: list[bytes] = field(default_factory=list)  # decoded image files (vision)
-    cache_prompt: bool = True  # reuse a slot's cached prefix (llama-server's field); False: evaluate it all
-    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
-    budget: ReasoningBudget | None = None  # caps the reasoning's tokens
 
 
 @dataclass
