@@ -36,6 +36,7 @@ also is (so ``except ValueError`` still catches a bad request)::
             QueueFull 503
             TooManyRequests 429
         ServerUnavailable 503 (ConnectionError)
+        SlotBusy 409
         SlotsPinned 409
         StructuredOutputError 502 (ValueError)
         Unauthorized 401 (PermissionError)
@@ -76,6 +77,7 @@ __all__ = [
     "QueueFull",
     "RetryLater",
     "ServerUnavailable",
+    "SlotBusy",
     "SlotsPinned",
     "StructuredOutputError",
     "TooManyRequests",
@@ -255,6 +257,14 @@ class ModelNotSupported(NotFound):
     """The model is known but does not run on this machine."""
 
     code = "model_not_supported"
+
+
+class SlotBusy(LemonkitError):
+    """A slot action (``POST /v1/slots/{id}``) named a slot that is generating (409)."""
+
+    status = 409
+    type = "conflict_error"
+    code = "slot_busy"
 
 
 class SlotsPinned(LemonkitError):

@@ -154,6 +154,7 @@ ROUTES: dict[str, SidecarRoute] = {
     # llama-server's utility routes
     "/v1/tokenize": SidecarRoute("tokenize", False),
     "/v1/detokenize": SidecarRoute("detokenize", False),
+    "/v1/slots/action": SidecarRoute("slot_action", False),  # save, restore or erase an idle slot's prompt
     "/v1/embeddings": SidecarRoute("embed", False),
     "/v1/rerank": SidecarRoute("rerank", False),
     # speech-to-text: transcribe() answers /transcriptions, /details, /live and /realtime (the front shapes them)

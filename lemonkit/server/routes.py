@@ -49,6 +49,7 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("detokenize", utility.DetokenizeHandler),
     ("props", utility.PropsHandler),
     ("slots", utility.SlotsHandler),
+    ("slots/(?P<slot_id>[0-9]+)", utility.SlotActionHandler),
     ("embeddings", openai.EmbeddingsHandler),
     ("(?:rerank|reranking|reranker)", openai.RerankHandler),
     ("audio/transcriptions", transcriptions.TranscriptionHandler),

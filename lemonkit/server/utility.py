@@ -1,24 +1,27 @@
-"""llama-server's utility routes (``POST /tokenize``, ``POST /detokenize``, ``GET /props``, ``GET /slots``), under
-every API prefix, for a llama.cpp model named by ``model`` (in the body, or the query of the ``GET`` routes).
-Without one they take the loaded chat model, as llama-server, which serves one model, does."""
+"""llama-server's utility routes (``POST /tokenize``, ``POST /detokenize``, ``GET /props``, ``GET /slots``,
+``POST /slots/{id}?action=save|restore|erase``), under every API prefix, for a llama.cpp model named by ``model``
+(in the body, or the query). Without one they take the loaded chat model, as llama-server, which serves one model,
+does."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from lemonkit.errors import BackendError, MissingArgument, error_from_body
+from lemonkit.catalog.hf_cache import safe_relpath
+from lemonkit.errors import BackendError, InvalidArgument, MissingArgument, error_from_body
 from lemonkit.formats.health import loaded_model
 from lemonkit.server.openai import InferenceHandler, ModelRouteHandler
 from lemonkit.serving.manager import LoadedModel
 
-__all__ = ["DetokenizeHandler", "PropsHandler", "SlotsHandler", "TokenizeHandler"]
+__all__ = ["DetokenizeHandler", "PropsHandler", "SlotActionHandler", "SlotsHandler", "TokenizeHandler"]
 
 
 class _LlamaRoute(ModelRouteHandler):
-    serves = ("llm", "embedding", "reranking")
+    serves: tuple[str, ...] = ("llm", "embedding", "reranking")
 
     def model_named(self, body: dict[str, Any]) -> dict[str, Any]:
         """``body`` with its ``model``: the one it names, else the loaded chat model."""
@@ -91,3 +94,46 @@ class SlotsHandler(_LlamaRoute):
         self.write_json(
             [{**slot, "model": m.name} for m, answer in zip(chosen, answers, strict=True) for slot in answer["slots"]]
         )
+
+
+class SlotActionHandler(_LlamaRoute):
+    """``POST /v1/slots/{id}?action=save|restore|erase`` (llama-server's, ``{"filename"}`` in the body for save and
+    restore): an idle slot's cached prompt written to a file, read back into the slot (which continues from it), or
+    dropped. The files live under the server's cache, one folder per model (``<cache_dir>/slots/<model>/``, the
+    server's ``--slot-save-path``); the model is loaded first if it is not. On a shared server only an admin may:
+    a saved prompt is another user's text."""
+
+    serves = ("llm",)
+    sidecar_path = "/v1/slots/action"
+
+    async def post(self, slot_id: str) -> None:
+        self.require_admin("save, restore or erase a slot's prompt")
+        body = self.json_body(optional=True)
+        action = self.get_query_argument("action", None)
+        if action not in ("save", "restore", "erase"):
+            raise InvalidArgument(f"action must be save, restore or erase, got {action!r}")
+        filename = body.get("filename")
+        if action != "erase":
+            if not isinstance(filename, str):
+                raise MissingArgument(f"filename: required to {action} a slot")
+            try:
+                parts = safe_relpath(filename, what="filename").parts
+            except ValueError as exc:
+                raise InvalidArgument(str(exc)) from None
+            if len(parts) != 1:
+                raise InvalidArgument(f"filename {filename!r} must name a file, not a path")
+        model = body.get("model") or self.get_query_argument("model", None)
+        request = {"id_slot": int(slot_id), "action": action, "filename": filename}
+        await self.serve_model(self.model_named({**request, "model": model} if model else request))
+
+    async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
+        request = {"id_slot": body["id_slot"], "action": body["action"]}
+        if body["filename"] is not None:
+            folder = self.service.settings.cache_dir / "slots" / safe_relpath(model.name, what="model").name
+            path = folder / body["filename"]
+            if body["action"] == "restore" and not await asyncio.to_thread(path.is_file):
+                raise InvalidArgument(f"no saved prompt named {body['filename']!r} for {model.name}")
+            await asyncio.to_thread(Path.mkdir, folder, parents=True, exist_ok=True)
+            request["path"] = str(path)
+        answer = await self.sidecar_json(model, self.sidecar_path, request)
+        self.write_json({**answer, **({"filename": body["filename"]} if body["filename"] is not None else {})})

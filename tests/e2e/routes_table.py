@@ -12,7 +12,7 @@ from lemonkit.server.ollama import OLLAMA_ROUTES
 from lemonkit.server.routes import API_PREFIXES, API_ROUTES, OLLAMA_PREFIX, ROOT_ROUTES, WS_ROUTES
 
 #: a value for each path parameter the table names
-SAMPLES = {"model_id": TINY, "digest": "sha256:" + "0" * 64, "response_id": "resp_" + "0" * 32}
+SAMPLES = {"model_id": TINY, "digest": "sha256:" + "0" * 64, "response_id": "resp_" + "0" * 32, "slot_id": "0"}
 #: every HTTP method a client can send (Tornado's RequestHandler.SUPPORTED_METHODS)
 METHODS = ("GET", "HEAD", "POST", "DELETE", "PATCH", "PUT", "OPTIONS")
 #: paths no route serves: they must need credentials too

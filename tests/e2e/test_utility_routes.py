@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 from conftest import TINY, Host
 
@@ -61,3 +63,53 @@ async def test_under_every_prefix(host: Host) -> None:
         for prefix in ("api/v1/", "v1/", "api/v0/", "v0/"):
             response = await client.post(prefix + "tokenize", json={"model": TINY, "content": "hi"})
             assert response.status_code == 200 and response.json()["tokens"], prefix
+
+
+async def _complete(client: httpx.AsyncClient, prompt: str, max_tokens: int = 4) -> dict[str, Any]:
+    body = {"model": TINY, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": 3}
+    response = await client.post("completions", json=body)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+async def test_a_slot_saved_to_disk_restores_into_its_slot(host: Host) -> None:
+    """``POST /slots/0?action=save`` writes the slot's prompt under the cache; after another prompt took the slot,
+    ``action=restore`` brings it back and the first prompt's continuation reuses all of it."""
+    a = "one two three four five six seven eight nine ten " * 4
+    async with host.client() as client:
+        await client.post("unload", json={"model_name": TINY})
+        assert (
+            await client.post("load", json={"model_name": TINY, "llamacpp_args": "--parallel 1"})
+        ).status_code == 200
+        first = await _complete(client, a)
+        (slot,) = (await client.get("slots", params={"model": TINY})).json()
+        saved = await client.post("slots/0", params={"action": "save", "model": TINY}, json={"filename": "a.bin"})
+        assert saved.status_code == 200, saved.text
+        answer = saved.json()
+        assert answer["id_slot"] == 0 and answer["filename"] == "a.bin"
+        assert answer["n_saved"] == slot["cache_tokens"] >= first["usage"]["prompt_tokens"] and answer["n_written"] > 0
+        await _complete(client, "zulu yankee xray whiskey " * 4)  # the slot now holds another prompt
+        restored = await client.post("slots/0", params={"action": "restore", "model": TINY}, json={"filename": "a.bin"})
+        assert restored.status_code == 200, restored.text
+        assert restored.json()["n_restored"] == answer["n_saved"]
+        assert (await client.get("slots", params={"model": TINY})).json()[0]["cache_tokens"] == answer["n_saved"]
+        again = await _complete(client, a, max_tokens=6)
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"] - 1
+        assert again["choices"][0]["text"].startswith(first["choices"][0]["text"])
+
+        erased = await client.post("slots/0", params={"action": "erase", "model": TINY})
+        assert erased.status_code == 200 and erased.json()["n_erased"] > 0
+        assert (await client.get("slots", params={"model": TINY})).json()[0]["cache_tokens"] == 0
+        for params, body, code in (
+            ({"action": "save"}, {"filename": "../escape.bin"}, "invalid_argument"),
+            ({"action": "save"}, {"filename": "sub/dir.bin"}, "invalid_argument"),
+            ({"action": "save"}, {}, "missing_argument"),
+            ({"action": "restore"}, {"filename": "never-saved.bin"}, "invalid_argument"),
+            ({"action": "copy"}, {"filename": "a.bin"}, "invalid_argument"),
+        ):
+            refused = await client.post("slots/0", params={**params, "model": TINY}, json=body)
+            assert refused.status_code == 400 and refused.json()["error"]["code"] == code, (params, body)
+        beyond = await client.post("slots/7", params={"action": "erase", "model": TINY})
+        assert beyond.status_code == 400 and beyond.json()["error"]["code"] == "invalid_argument"
+        await client.post("unload", json={"model_name": TINY})

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,7 @@ from lemonkit.backends.llamacpp.prompt_cache import PromptCache, common_prefix
 from lemonkit.backends.llamacpp.sampler import SeqSampler
 from lemonkit.backends.llamacpp.step_costs import StepCosts
 from lemonkit.backends.protocol import Cancelled
+from lemonkit.errors import InvalidArgument, SlotBusy
 
 if TYPE_CHECKING:
     from lemonkit.backends.llamacpp.answers import Run
@@ -176,6 +179,7 @@ class Batcher:
         self._order: list[_Slot] = []  # active slots, oldest admission first (prefill order, eviction order)
         self._outbox: list[tuple[Seq, Token | End | BaseException]] = []  # a step's results, until it is sent
         self._waiting: deque[Seq] = deque()
+        self._controls: deque[tuple[Callable[[], Any], Future[Any]]] = deque()  # run between steps (slot actions)
         self._cond = threading.Condition()
         self._closed = False
         self._spare = spare_seq
@@ -251,7 +255,81 @@ class Batcher:
         self._thread.join()
         self._lc.llama_batch_free(self._batch)
 
+    def save_slot(self, slot_id: int, path: str) -> dict[str, Any]:
+        """Write an idle slot's cached prompt (its tokens and K/V) to ``path`` (llama-server's ``action=save``)."""
+        return self._control(lambda: self._save_file(self._idle(slot_id), path))
+
+    def restore_slot(self, slot_id: int, path: str) -> dict[str, Any]:
+        """Load a prompt :meth:`save_slot` wrote into an idle slot, which continues from it."""
+        return self._control(lambda: self._load_file(self._idle(slot_id), path))
+
+    def erase_slot(self, slot_id: int) -> dict[str, Any]:
+        """Drop an idle slot's cached prompt."""
+
+        def erase() -> dict[str, Any]:
+            slot = self._idle(slot_id)
+            n = len(slot.tokens)
+            self._seq_rm(slot.id, 0)
+            slot.tokens, slot.n_past, slot.reusable = [], 0, True
+            return {"id_slot": slot.id, "n_erased": n}
+
+        return self._control(erase)
+
+    def _control(self, action: Callable[[], Any]) -> Any:
+        """Run ``action`` on the decode thread between two steps (the context is the decode thread's alone)."""
+        done: Future[Any] = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the model is unloading")
+            self._controls.append((action, done))
+            self._cond.notify()
+        return done.result()
+
     # ------------------------------------------------------------------ decode thread
+
+    def _idle(self, slot_id: int) -> _Slot:
+        if not 0 <= slot_id < len(self._slots):
+            raise InvalidArgument(f"id_slot must be from 0 to {len(self._slots) - 1}, got {slot_id}")
+        slot = self._slots[slot_id]
+        if slot.seq is not None:
+            raise SlotBusy(f"slot {slot_id} is generating: save, restore or erase it when it is idle")
+        return slot
+
+    def _save_file(self, slot: _Slot, path: str) -> dict[str, Any]:
+        if not slot.reusable:
+            raise InvalidArgument(f"slot {slot.id} holds an image's positions, which a saved prompt cannot carry")
+        start = time.perf_counter()
+        tokens = (self._lc.llama_token * len(slot.tokens))(*slot.tokens)
+        partial = f"{path}.partial"  # renamed once whole: a crash leaves no half-written state under the name
+        written = self._lc.llama_state_seq_save_file(self._ctx, partial.encode(), slot.id, tokens, len(slot.tokens))
+        if not written:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)
+            raise RuntimeError(f"llama.cpp could not save slot {slot.id}")
+        os.replace(partial, path)
+        elapsed = (time.perf_counter() - start) * 1000
+        n = len(slot.tokens)
+        return {"id_slot": slot.id, "n_saved": n, "n_written": int(written), "timings": {"save_ms": elapsed}}
+
+    def _load_file(self, slot: _Slot, path: str) -> dict[str, Any]:
+        start = time.perf_counter()
+        self._seq_rm(slot.id, 0)
+        slot.tokens, slot.n_past, slot.reusable = [], 0, True
+        tokens = (self._lc.llama_token * self.n_ctx)()
+        count = ctypes.c_size_t(0)
+        read = self._lc.llama_state_seq_load_file(
+            self._ctx, path.encode(), slot.id, tokens, self.n_ctx, ctypes.byref(count)
+        )
+        if not read:
+            self._seq_rm(slot.id, 0)
+            raise InvalidArgument(f"{os.path.basename(path)} is not a saved prompt of this model and context")
+        if self._spare is not None:
+            self._compact_due = True  # its cells went where there was room: lay them out in order again
+        slot.tokens = list(tokens[: count.value])
+        slot.n_past = len(slot.tokens)
+        elapsed = (time.perf_counter() - start) * 1000
+        answer = {"id_slot": slot.id, "n_restored": slot.n_past, "n_read": int(read)}
+        return {**answer, "timings": {"restore_ms": elapsed}}
 
     def _loop(self) -> None:
         if self._spare is not None:
@@ -263,11 +341,17 @@ class Batcher:
             if not self._order:  # no decode to send them with: the loop may wait now
                 self._send()
             with self._cond:
-                while not self._closed and not self._waiting and not self._order:
+                while not self._closed and not self._waiting and not self._order and not self._controls:
                     self._cond.wait()
                 if self._closed:
                     break
+                controls, self._controls = self._controls, deque()
                 newcomers = self._take_newcomers()
+            for action, done in controls:
+                try:
+                    done.set_result(action())
+                except BaseException as exc:  # the caller's error, raised in its thread
+                    done.set_exception(exc)
             try:
                 for slot, seq in newcomers:
                     self._admit(slot, seq)
@@ -286,6 +370,8 @@ class Batcher:
         self._send()
         for seq in self._waiting:
             seq._events.put(End("cancelled"))
+        for _, done in self._controls:
+            done.set_exception(RuntimeError("the model is unloading"))
 
     def _take_newcomers(self) -> list[tuple[_Slot, Seq]]:
         """Pair waiting requests with idle slots, each taking the idle slot that shares its longest prefix."""

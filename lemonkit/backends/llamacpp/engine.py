@@ -502,6 +502,16 @@ class LlamaCppEngine:
         """``/slots``: each slot's state (llama-server's fields where lemonkit's batcher has them)."""
         return {"slots": self._gen.slots()}
 
+    def slot_action(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``/v1/slots/action``: ``{"id_slot", "action": "save" | "restore" | "erase", "path"}``, ``path`` a file
+        the server chose under its cache (llama-server's ``POST /slots/{id}?action=``)."""
+        if self.kind != "llm":
+            raise ModelNotApplicable(f"{self.kind} models have no generation slots")
+        slot, path = body.get("id_slot"), body.get("path")
+        if not isinstance(slot, int) or isinstance(slot, bool):
+            raise InvalidArgument(f"'id_slot' must be a slot number, got {slot!r}")
+        return self._gen.slot_action(slot, str(body.get("action")), path if isinstance(path, str) else None)
+
     def count_chat_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
         """``/v1/chat/tokens``: the tokens of the prompt a chat request renders to (its messages, tools and system
         turn through the model's template), without generating, whether or not they fit: Anthropic's

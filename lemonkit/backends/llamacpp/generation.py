@@ -265,6 +265,19 @@ class Generator:
         """Each slot's state, read off the batcher as it runs (plain fields: a consistent enough snapshot)."""
         return self._batcher.slots()
 
+    def slot_action(self, slot_id: int, action: str, path: str | None) -> dict[str, Any]:
+        """``save`` an idle slot's prompt to ``path``, ``restore`` one from it, or ``erase`` it (on the decode
+        thread, between steps)."""
+        if action == "erase":
+            return self._batcher.erase_slot(slot_id)
+        if path is None:
+            raise InvalidArgument(f"action {action}: a file is required")
+        if action == "save":
+            return self._batcher.save_slot(slot_id, path)
+        if action == "restore":
+            return self._batcher.restore_slot(slot_id, path)
+        raise InvalidArgument(f"action must be save, restore or erase, got {action!r}")
+
     def tokenize(self, text: str, *, fit: bool = True) -> list[int]:
         """The prompt's tokens, refused when empty or (``fit``) when it leaves no room in the context."""
         # Templates usually write {{ bos_token }} themselves: keep one BOS, as llama-server does
