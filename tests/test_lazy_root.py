@@ -48,3 +48,12 @@ def test_public_names_resolve_on_first_use() -> None:
     # a submodule as an attribute, imported on first use (notebooks write lemonkit.catalog.config.default_chat_model())
     assert lemonkit.catalog.config.default_chat_model()
     assert _modules_after("import lemonkit; lemonkit.errors").count("lemonkit.errors") == 1
+
+
+def test_every_widget_name_resolves() -> None:
+    """The widgets resolve on first use too, each from the module its table names."""
+    import lemonkit.widgets
+
+    for name in lemonkit.widgets.__all__:
+        assert getattr(lemonkit, name) is getattr(lemonkit.widgets, name)
+        assert isinstance(getattr(lemonkit.widgets, name), type), name

@@ -21,12 +21,12 @@ if TYPE_CHECKING:
 __all__ = ["ChatPanel", "DownloadBar", "ImagePanel", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"]
 
 _MODULES = {
-    "ChatPanel": "chat",
-    "DownloadBar": "download",
-    "ImagePanel": "images",
-    "ModelBrowser": "models",
-    "SpeechPanel": "audio",
-    "TranscriptionPanel": "audio",
+    "ChatPanel": "chat_panel",
+    "DownloadBar": "download_bar",
+    "ImagePanel": "image_panel",
+    "ModelBrowser": "model_browser",
+    "SpeechPanel": "audio_panels",
+    "TranscriptionPanel": "audio_panels",
 }
 
 
