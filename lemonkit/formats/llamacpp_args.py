@@ -111,6 +111,19 @@ def _budget(value: str) -> int:
     return n
 
 
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise ValueError("1 or more")
+    return n
+
+
+def _spec_type(value: str) -> str:
+    if value not in ("none", "ngram-simple"):
+        raise ValueError("none or ngram-simple (drafts from the sequence's own n-grams; draft models come later)")
+    return value
+
+
 def _mebibytes(value: str) -> int:
     n = int(value)
     if n < -1:
@@ -145,6 +158,10 @@ for _names, _key, _conv in (
     (("--reasoning-budget",), "reasoning_budget", _budget),
     (("-np", "--parallel"), "n_parallel", int),  # requests generated together (continuous batching)
     (("-cram", "--cache-ram"), "cache_ram", _mebibytes),  # host RAM for prompts evicted from the slots
+    # speculative decoding: drafts from the sequence's own n-grams (lemonkit.backends.llamacpp.drafts)
+    (("--spec-type",), "spec_type", _spec_type),
+    (("--draft-max", "--draft", "--draft-n"), "draft_max", _positive),
+    (("--draft-min", "--draft-n-min"), "draft_min", _natural),
     (("-lm", "--load-mode"), "load_mode", _load_mode),  # llama-server's successor of --[no-]mmap and --mlock
     # offload: llama.cpp builds with a GPU backend (lemonkit.catalog.llamacpp_builds); the CPU build has nothing to
     # offload to

@@ -58,6 +58,8 @@ class Run:
     decode_threads: int = 0  # of the decode that gave the last token: fewer than -t when cores were taken
     #: the stop string that ended it (its choice's ``stop_sequence``, which Anthropic's ``stop_sequence`` reads)
     stop_word: str | None = None
+    drafted: int = 0  # speculative decoding: draft tokens decoded
+    accepted: int = 0  # and those the sampler agreed with
 
     def timings(self) -> dict[str, Any]:
         """llama-server's ``timings`` object."""
@@ -74,6 +76,8 @@ class Run:
             "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / n if n else 0.0,
             "predicted_per_second": n * 1000.0 / predicted_ms if predicted_ms > 0 else 0.0,
+            # llama-server's, present when the model speculates
+            **({"draft_n": self.drafted, "draft_n_accepted": self.accepted} if self.drafted else {}),
         }
 
     def usage(self) -> dict[str, Any]:
@@ -109,6 +113,8 @@ def _add_usage(runs: list[Run]) -> tuple[dict[str, Any], dict[str, Any]]:
         total.generated += r.generated
         total.prompt_ms += r.prompt_ms
         total.times.extend(r.times)
+        total.drafted += r.drafted
+        total.accepted += r.accepted
     return total.usage(), total.timings()
 
 

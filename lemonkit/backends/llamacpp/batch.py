@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores, on_cores
+from lemonkit.backends.llamacpp.drafts import NgramDrafter, SpecSettings
 from lemonkit.backends.llamacpp.prompt_cache import PromptCache, common_prefix
 from lemonkit.backends.llamacpp.sampler import SeqSampler
 from lemonkit.backends.llamacpp.step_costs import StepCosts
@@ -101,6 +102,8 @@ class _Slot:
     limit: int = 0  # tokens it may generate
     t_admit: float = 0.0
     idx: int = -1  # its logits row in this step's batch (-1: none)
+    drafter: NgramDrafter | None = None  # with speculative decoding
+    draft: list[int] = field(default_factory=list)  # this step's draft, decoded after ``last``
 
 
 @contextlib.contextmanager
@@ -149,6 +152,9 @@ class Batcher:
             (:mod:`~lemonkit.backends.llamacpp.kernels`); None: steps run as they come.
         turn: Entered around every decode: CPU cores for its threads (:mod:`~lemonkit.backends.llamacpp.cpu_turns`).
         cache_ram: Bytes of host memory for prompts evicted from the slots (0: none, negative: no bound).
+        spec: Speculative decoding (:mod:`~lemonkit.backends.llamacpp.drafts`); None: none.
+        retire_seq: With ``spare_seq`` and ``spec``, a sequence id that takes over rejected drafts' cells, so that
+            no cell below another sequence's is freed (see :meth:`_retire`).
     """
 
     def __init__(
@@ -163,6 +169,8 @@ class Batcher:
         spare_seq: int | None = None,
         turn: Turn = any_cores,
         cache_ram: int = 0,
+        spec: SpecSettings | None = None,
+        retire_seq: int | None = None,
     ) -> None:
         import llama_cpp as lc
         import numpy as np
@@ -207,6 +215,12 @@ class Batcher:
         self._short = False
         self._used = self._threads[0]  # the threads of the last decode
         self.cache = PromptCache(cache_ram) if cache_ram else None
+        self._spec = spec if spec is not None and spec.on else None
+        if self._spec is not None:
+            for slot in self._slots:
+                slot.drafter = NgramDrafter(self._spec)
+        self._retire_seq = retire_seq if self._spec is not None else None
+        self._retired = 0  # cells the retire sequence holds
         self._thread = threading.Thread(target=self._loop, name="llama-decode", daemon=True)
         self._thread.start()
 
@@ -224,7 +238,7 @@ class Batcher:
                     "id": slot.id,
                     "n_ctx": self.n_ctx,
                     "is_processing": busy,
-                    "speculative": False,
+                    "speculative": self._spec is not None,
                     "n_prompt_tokens_to_process": len(slot.pending) if busy else 0,
                     "n_past": slot.n_past,  # positions of the slot's cache filled (a prefix later prompts reuse)
                     "cache_tokens": len(slot.tokens),
@@ -430,6 +444,8 @@ class Batcher:
             self._seq_rm(slot.id, 0)
         slot.tokens = tokens[:reuse]
         slot.reusable = True
+        if slot.drafter is not None:
+            slot.drafter.reset(tokens)
         slot.n_past = reuse
         slot.pending = tokens[reuse:]
         slot.last = -1
@@ -477,6 +493,8 @@ class Batcher:
         assert self._vision is not None  # images are refused at the request without one
         self._seq_rm(slot.id, 0)
         slot.tokens, slot.reusable, slot.pending = [], False, []
+        if slot.drafter is not None:
+            slot.drafter.reset([])  # image positions hold no tokens: drafts come from the output alone
         try:
             if self._compact_due:  # mtmd decodes the images itself, not through _decode
                 self._compact()
@@ -524,17 +542,19 @@ class Batcher:
         if not self._order:
             return
         generating = [slot for slot in self._order if slot.last >= 0]
-        if generating and not any(slot.last < 0 and slot.pending for slot in self._order):
+        drafted = self._spec is not None and self._draft(generating)
+        if generating and not drafted and not any(slot.last < 0 and slot.pending for slot in self._order):
             self._generate(generating)
             return
         n = 0
         planned: list[tuple[_Slot, list[int]]] = []
         for slot in generating:
-            self._fill(n, [slot.last], slot.n_past, slot.id)
-            self._logits[n] = 1
+            rows = [slot.last, *slot.draft]
+            self._fill(n, rows, slot.n_past, slot.id)
+            self._logits[n : n + len(rows)] = 1  # every row of a draft is checked against the sampler
             slot.idx = n
-            planned.append((slot, [slot.last]))
-            n += 1
+            planned.append((slot, rows))
+            n += len(rows)
         for slot in self._order:
             if slot.last >= 0 or not slot.pending:
                 continue
@@ -585,6 +605,9 @@ class Batcher:
             return False
         now = time.perf_counter()
         for slot, part in planned:
+            if slot.draft:
+                self._verify(slot, part)
+                continue
             slot.tokens.extend(part)
             slot.n_past += len(part)
             if slot.last < 0:
@@ -597,7 +620,68 @@ class Batcher:
             self._sample(slot)
         return True
 
-    def _sample(self, slot: _Slot) -> None:
+    def _draft(self, generating: list[_Slot]) -> bool:
+        """Give each generating slot whose drafter has one a draft for this step, within the batch's rows, the
+        tokens the slot may still generate and its context; whether any slot got one."""
+        room = self._n_batch - len(generating)
+        for slot in generating:
+            fits = min(room, slot.limit - slot.n_gen - 1, self.n_ctx - slot.n_past - 2)
+            slot.draft = slot.drafter.draft(fits) if slot.drafter is not None and fits > 0 else []
+            room -= len(slot.draft)
+        return any(slot.draft for slot in generating)
+
+    def _verify(self, slot: _Slot, rows: list[int]) -> None:
+        """Sample ``slot`` row by row through its draft, keeping each drafted token its sampler picks as well.
+
+        Row ``i``'s logits are those the sequence would have had after the first ``i`` draft tokens, and the
+        sampler (its seed's random state, penalties, grammar) advances by exactly the tokens it picks, so the
+        tokens are those decoding one at a time gives, greedy or sampled: the first disagreement is the token it
+        would have sampled there, and the draft after it is dropped.
+        """
+        draft, slot.draft = slot.draft, []
+        seq, drafter, base = slot.seq, slot.drafter, slot.idx
+        assert seq is not None and drafter is not None
+        slot.tokens.append(rows[0])
+        slot.n_past += 1
+        accepted = 0
+        for i in range(len(draft) + 1):
+            slot.idx = base + i
+            token = self._sample(slot)
+            if slot.seq is None or i == len(draft) or token != draft[i]:
+                break
+            slot.tokens.append(token)  # its K/V is already in the cache: the decode computed it
+            slot.n_past += 1
+            accepted += 1
+        if accepted < len(draft):
+            self._retire(slot.id, slot.n_past)
+        seq.run.drafted += len(draft)
+        seq.run.accepted += accepted
+        drafter.record(len(draft), accepted)
+
+    def _retire(self, seq_id: int, start: int) -> None:
+        """Drop positions ``start`` onwards of a sequence after a rejected draft.
+
+        With batch-invariant kernels no cell below another sequence's may be freed (see :meth:`_compact`), and
+        these cells lie below the cells later rows of the same step took: the retire sequence takes them over
+        instead, leaving them occupied (a sequence attends only to its own cells, so they change nothing). They
+        are freed all at once, with a compaction, when they fill an eighth of the context or the cache is full.
+        """
+        lc = self._lc
+        if self._retire_seq is not None:
+            self._retired += max(0, int(lc.llama_memory_seq_pos_max(self._mem, seq_id)) - start + 1)
+            lc.llama_memory_seq_cp(self._mem, seq_id, self._retire_seq, start, -1)
+        lc.llama_memory_seq_rm(self._mem, seq_id, start, -1)
+        if self._retired > self.n_ctx // 8:
+            self._free_retired()
+
+    def _free_retired(self) -> None:
+        assert self._retire_seq is not None
+        self._lc.llama_memory_seq_rm(self._mem, self._retire_seq, -1, -1)
+        self._retired = 0
+        self._compact_due = True
+
+    def _sample(self, slot: _Slot) -> int | None:
+        """Sample ``slot`` from its logits row and hand the token over; the token, or None if sampling failed."""
         seq, sampler = slot.seq, slot.sampler
         assert seq is not None and sampler is not None
         try:
@@ -607,19 +691,25 @@ class Batcher:
         except BaseException as exc:
             self._outbox.append((seq, exc))
             self._end(slot, None)
-            return
+            return None
         self._outbox.append((seq, (token, lp)))
         seq.run.decode_threads = self._used
         slot.n_gen += 1
         slot.last = token
+        if slot.drafter is not None:
+            slot.drafter.extend([token])
         if self._is_eog(token):
             self._end(slot, None)  # the reader stops at the end token
         elif slot.n_gen >= slot.limit or slot.n_past >= self.n_ctx:
             self._end(slot, End("length"))
+        return token
 
     def _make_room(self, rc: int) -> None:
         """After a failed decode: free idle slots' caches, else end the newest sequence ("length")."""
         if rc == 1:  # no room in the KV cache for this batch
+            if self._retired:
+                self._free_retired()
+                return
             idle = [s for s in self._slots if s.seq is None and s.n_past > 0]
             for slot in idle:
                 if self.cache is not None:
@@ -714,6 +804,7 @@ class Batcher:
         """
         lc = self._lc
         self._compact_due = False
+        self._retired = 0  # clearing the cache frees them
         saved = []
         for slot in self._slots:
             if lc.llama_memory_seq_pos_max(self._mem, slot.id) < 0:

@@ -40,6 +40,7 @@ from lemonkit.backends.llamacpp.answers import (
 from lemonkit.backends.llamacpp.batch import parallel_context
 from lemonkit.backends.llamacpp.cpu_turns import CpuTurns, Turn, any_cores, on_cores
 from lemonkit.backends.llamacpp.devices import Device, gpu_devices, load_on
+from lemonkit.backends.llamacpp.drafts import SpecSettings
 from lemonkit.backends.llamacpp.generation import Generator, Sampling, check_arg, top_logprobs
 from lemonkit.backends.llamacpp.jobs import Job
 from lemonkit.backends.llamacpp.kernels import reference_kernels
@@ -135,11 +136,19 @@ class LlamaCppEngine:
 
         self._sampling = Sampling.from_args(args)
         n_parallel = args.pop("n_parallel", DEFAULT_N_PARALLEL)
-        limit = llama_cpp.llama_max_parallel_sequences() - 1  # one sequence stays for padding (see kernels)
+        cache_ram = args.pop("cache_ram", DEFAULT_CACHE_RAM)
+        draft_max = args.pop("draft_max", SpecSettings.draft_max)
+        speculation = SpecSettings(
+            kind=args.pop("spec_type", "none") if self.kind == "llm" else "none",
+            draft_max=draft_max,
+            draft_min=min(draft_max, args.pop("draft_min", SpecSettings.draft_min)),  # a floor cannot pass the cap
+        )
+        self._speculation = speculation
+        # sequences beside the slots: one for padding (see kernels), one for rejected drafts' cells (see batch)
+        limit = llama_cpp.llama_max_parallel_sequences() - 1 - speculation.on
         if n_parallel < 1 or n_parallel > limit:
             raise InvalidArgument(f"--parallel must be from 1 to {limit}, got {n_parallel}")
         self._n_parallel = n_parallel if self.kind == "llm" else 1
-        cache_ram = args.pop("cache_ram", DEFAULT_CACHE_RAM)
         n_ubatch = args.get("n_ubatch", DEFAULT_N_BATCH) if self.kind == "llm" else ctx
         chosen = self._placement(spec, args, path, ctx=ctx, n_ubatch=n_ubatch)
         invariant, repack = self._kernel_choice(args)
@@ -175,7 +184,7 @@ class LlamaCppEngine:
                 if self.kind == "llm":
                     with (
                         self._kernels(invariant) as switched,
-                        parallel_context(self._n_parallel + switched, repack=repack),
+                        parallel_context(self._n_parallel + switched * (1 + speculation.on), repack=repack),
                     ):
                         self._llm: Any = llama_cpp.Llama(model_path=path, **kwargs)
                 else:
@@ -208,6 +217,7 @@ class LlamaCppEngine:
             invariant=self.batch_invariant,
             turn=self._turn,
             cache_ram=cache_ram * 2**20 if cache_ram > 0 else cache_ram,
+            spec=speculation,
         )
         if self.kind == "llm":
             self._gen.preserve(self._chat_format.markers)

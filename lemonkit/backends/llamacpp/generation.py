@@ -22,6 +22,7 @@ from lemonkit.backends.chat import StopMatcher
 from lemonkit.backends.llamacpp.answers import Run
 from lemonkit.backends.llamacpp.batch import Batcher, End
 from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores
+from lemonkit.backends.llamacpp.drafts import SpecSettings
 from lemonkit.backends.llamacpp.jobs import Job, Logprob
 from lemonkit.backends.protocol import Cancelled
 from lemonkit.errors import InvalidArgument
@@ -209,6 +210,7 @@ class Generator:
         invariant: The model runs on batch-invariant kernels; the batcher keeps the extra sequence for padding.
         turn: Entered around every decode: CPU cores for its threads.
         cache_ram: Bytes of host memory for prompts evicted from the slots (0: none, negative: no bound).
+        spec: Speculative decoding; with ``invariant`` the context holds one more sequence for rejected drafts.
     """
 
     def __init__(
@@ -221,6 +223,7 @@ class Generator:
         invariant: bool = False,
         turn: Turn = any_cores,
         cache_ram: int = 0,
+        spec: SpecSettings | None = None,
     ) -> None:
         import llama_cpp
 
@@ -248,6 +251,8 @@ class Generator:
             spare_seq=n_parallel if invariant else None,
             turn=turn,
             cache_ram=cache_ram,
+            spec=spec,
+            retire_seq=n_parallel + 1 if invariant and spec is not None and spec.on else None,
         )
 
     @property
@@ -442,4 +447,5 @@ class Generator:
             "prompt_tokens": run.prompt_tokens,
             "cache_tokens": run.cached,  # prompt tokens reused from the context, not evaluated again
             "decode_threads": run.decode_threads,
+            **({"draft_n": run.drafted, "draft_n_accepted": run.accepted} if run.drafted else {}),
         }
