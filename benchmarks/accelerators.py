@@ -31,12 +31,12 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' helpers: tests/support/
 from concurrency import Contender, _concurrent, _wait_ready, llama_server_binary
 from sidecar_memory import server_env
 
 from lemonkit.catalog.accelerators import detect
-from tests.llama_cpp_server import free_port
+from tests.support.llama_cpp_server import free_port
 
 MODEL = "SmolLM2-135M-Instruct-Bundled"
 

@@ -7,7 +7,7 @@ Sections (each a function taking the :class:`Bench`; add one to :data:`SECTIONS`
   speech through ``POST /api/v1/audio/transcriptions`` of one ``lemonkit serve`` subprocess, against faster-whisper
   called in this process with the engine's settings (beam 5, 2 threads), runs interleaved; the ratio
   direct / API is the API's speed relative to the engine's (target >= 0.95);
-- ``wer``: word error rate of each bundled Whisper model on the espeak-ng sentences of ``tests/speech.py``;
+- ``wer``: word error rate of each bundled Whisper model on the espeak-ng sentences of ``tests/support/speech.py``;
 - ``realtime``: time to the first interim delta and to the completed transcript on ``WS /realtime``, speech sent in
   real time as a microphone would;
 - ``tts``: text-to-speech RTF through ``POST /api/v1/audio/speech`` against each engine called directly, and time to
@@ -30,10 +30,11 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the espeak-ng sentences
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the espeak-ng sentences of tests/support/speech.py
 from embeddings import _serve  # one embedded `lemonkit serve` per benchmark, started alike
-from speech import SENTENCES, speech_wav, word_error_rate
 from text_to_speech import section as tts
+
+from tests.support.speech import SENTENCES, speech_wav, word_error_rate
 
 WHISPER_MODELS = ("Whisper-Tiny-En-Bundled", "Whisper-Base-Bundled")
 THREADS = 2

@@ -27,9 +27,10 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' helpers: tests/support/
 from concurrency import _wait_ready
-from llama_cpp_server import free_port
+
+from tests.support.llama_cpp_server import free_port
 
 HOME = Path(tempfile.gettempdir(), f"lemonkit-bench-compat-{os.getpid()}")
 TINY = "user.tiny-llama"

@@ -76,11 +76,10 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' helpers, as benchmarks/shared.py does
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # what they import (processes.py)
 from sidecar_memory import run_as_sidecar, server_env
 
 from lemonkit.backends import sidecar_env
-from tests.llama_cpp_server import free_port
+from tests.support.llama_cpp_server import free_port
 
 PROMPT = "The history of the printing press begins"
 GEMMA = "Gemma-3-270m-GGUF"

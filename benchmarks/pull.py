@@ -2,8 +2,8 @@
 
     python benchmarks/pull.py [--size-mb 512] [--rounds 3]
 
-A local hub (``tests/hub_server.py``, in its own process, serving with ``sendfile``) holds one GGUF-named file of
-random bytes. Round by round, interleaved so machine noise hits both alike:
+A local hub (``tests/support/hub_server.py``, in its own process, serving with ``sendfile``) holds one GGUF-named
+file of random bytes. Round by round, interleaved so machine noise hits both alike:
 - lemonkit: ``lemonkit serve`` in a subprocess, ``POST /api/v1/pull`` registering a model on that file (the time
   of the whole request: hub metadata, download, sha256 check, linking), then ``POST /api/v1/delete``;
 - huggingface_hub: ``hf_hub_download`` of the file in this process into an empty cache (no checksum).
@@ -82,7 +82,7 @@ def main() -> None:
     source = _write_file(args.size_mb)
     size = source.stat().st_size
     hub, line = _spawn(
-        [sys.executable, str(ROOT / "tests" / "hub_server.py"), "--repo", f"{REPO}={source.parent}"],
+        [sys.executable, str(ROOT / "tests" / "support" / "hub_server.py"), "--repo", f"{REPO}={source.parent}"],
         os.environ.copy(),
         "hub serving on",
         "stdout",

@@ -3,12 +3,12 @@
     python benchmarks/shared.py [--section all|hub|remote] [--users 4] [--tokens 64] [--rounds 5] [--model smollm2|tiny]
 
 hub: N hub users each send one streamed completion, all at once, through the JupyterHub service (the hub's proxy
-    and a hub-token check per request, tests/hub_process.py's real hub), against the same N streams at once sent
+    and a hub-token check per request, tests/support/hub_process.py's real hub), against the same N streams at once sent
     straight to a ``lemonkit serve`` on the same weights; also the service at its own URL, past the proxy. Per
     contender: aggregate tok/s (every token of the N streams / the time from the first request to the last token)
     and the median time to first token; ratios against ``lemonkit serve``. Rounds interleave the contenders.
 remote: one streamed completion at a time through a ``lemonkit serve`` whose model is the ``remote`` recipe in front
-    of ``python -m llama_cpp.server`` (the bundled SmolLM2, tests/llama_cpp_server.py), against the same server
+    of ``python -m llama_cpp.server`` (the bundled SmolLM2, tests/support/llama_cpp_server.py), against the same server
     called directly: decode tok/s (first token to last, at the client), the per-token overhead the hop adds, and
     the time to first token.
 
@@ -37,11 +37,10 @@ from typing import TYPE_CHECKING
 import httpx
 
 if TYPE_CHECKING:
-    from tests.hub_process import JupyterHub
+    from tests.support.hub_process import JupyterHub
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the real-server helpers of the tests: tests/hub_process.py, tests/llama_cpp_server.py
-sys.path.insert(0, str(ROOT / "tests"))  # what those helpers import (tests/processes.py)
+sys.path.insert(0, str(ROOT))  # the tests' real-server helpers: tests/support/hub_process.py, llama_cpp_server.py
 
 HOME = Path(tempfile.gettempdir(), f"lemonkit-shared-bench-{os.getpid()}")  # made by main(), removed after
 HF_CACHE = HOME / "hf"
@@ -146,7 +145,7 @@ class Serve:
     """``lemonkit serve`` on a free port with its own cache dir, for as long as the benchmark needs it."""
 
     def __init__(self, cache: Path) -> None:
-        from tests.jupyter_process import free_port
+        from tests.support.jupyter_process import free_port
 
         self.port = free_port()
         env = {
@@ -195,7 +194,7 @@ def _hub_users(hub: JupyterHub, count: int) -> list[dict[str, str]]:
 
 
 def bench_hub(users: int, tokens: int, rounds: int, choice: str) -> None:
-    from tests.hub_process import JupyterHub
+    from tests.support.hub_process import JupyterHub
 
     directory = HOME / "hub"
     directory.mkdir()
@@ -241,7 +240,7 @@ def bench_hub(users: int, tokens: int, rounds: int, choice: str) -> None:
 
 
 def bench_remote(tokens: int, rounds: int) -> None:
-    from tests.llama_cpp_server import MODEL_ID, LlamaCppServer
+    from tests.support.llama_cpp_server import MODEL_ID, LlamaCppServer
 
     upstream = LlamaCppServer()
     serve = Serve(HOME / "remote-cache")
@@ -283,7 +282,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2", help="hub: the model")
     args = parser.parse_args()
-    os.environ["HF_HUB_CACHE"] = str(HF_CACHE)  # this process's registry (tests/llama_cpp_server finds SmolLM2)
+    # this process's registry (tests/support/llama_cpp_server.py finds SmolLM2)
+    os.environ["HF_HUB_CACHE"] = str(HF_CACHE)
     if args.section in ("all", "hub"):
         bench_hub(args.users, args.tokens, args.rounds, args.model)
     if args.section in ("all", "remote"):

@@ -9,8 +9,7 @@ For each bundled voice (Piper joe, Hibari heart, Kokoro int8), the same text is 
 Measured: the real-time factor (wall seconds per second of audio; buffered ``pcm``, so no encoding cost on either
 side) and the time to the first chunk of a raw PCM stream (``stream_format: "audio"``). The target is an API
 throughput of at least 0.95 of the direct one (``direct RTF / API RTF``). :func:`tts_rows` is what
-``benchmarks/audio.py`` runs as its ``tts`` section (``from text_to_speech import section``; this file is not
-``speech.py``, which ``tests/speech.py`` would shadow there).
+``benchmarks/audio.py`` runs as its ``tts`` section (``from text_to_speech import section``).
 
     python benchmarks/text_to_speech.py [--repeats 5]
 """

@@ -32,9 +32,10 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test picture
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test picture: tests/support/upscale_images.py
 from embeddings import _serve  # one embedded `lemonkit serve` per benchmark, started alike
-from upscale_images import picture, png
+
+from tests.support.upscale_images import picture, png
 
 #: (model, input width, input height): the fast anime-video network, and Real-ESRGAN x4plus (the default)
 CASES = (("realesr-animevideov3-x4", 256, 256), ("realesr-animevideov3-x2", 256, 256), ("RealESRGAN-x4plus", 128, 96))

@@ -1,91 +1,30 @@
 """Shared fixtures: generated tiny models in a Hugging Face cache, and both hosts serving them.
 
-The environment is fixed before lemonkit or huggingface_hub is imported: every
-host of the session (the in-process Jupyter server and the standalone
-subprocess) sees the same HF cache and lemonkit cache dir, offline.
+The environment is fixed before lemonkit or huggingface_hub is imported (:mod:`tests.support.session`, imported
+first): every host of the session (the in-process Jupyter server and the standalone subprocess) sees the same HF
+cache and lemonkit cache dir, offline. The helpers the fixtures are built on are in ``tests/support/``.
 """
 
 from __future__ import annotations
 
-import json
-import os
+from tests.support.session import ROOT  # first: it sets the session's environment
+
+# isort: split
+
 import shutil
-import subprocess
-import sys
-import tempfile
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-ROOT = Path(tempfile.mkdtemp(prefix="lemonkit-tests-"))
-HF_CACHE = ROOT / "hub"
-CACHE_DIR = ROOT / "cache"
-os.environ["HF_HUB_CACHE"] = str(HF_CACHE)
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["LEMONADE_CACHE_DIR"] = str(CACHE_DIR)
-os.environ["JUPYTER_RUNTIME_DIR"] = str(ROOT / "runtime")  # server records: the session's servers only
-os.environ.pop("LEMONADE_API_KEY", None)
-
-import httpx  # noqa: E402
-import openai  # noqa: E402
-from hub_server import HubServer, tiny_gguf_repo  # noqa: E402
-from llama_cpp_server import LlamaCppServer  # noqa: E402
-from processes import stop_process  # noqa: E402
-
-from lemonkit.testing.tiny_gguf import (  # noqa: E402
-    write_tiny_bert_embedding,
-    write_tiny_bert_reranker,
-    write_tiny_llama,
-    write_tiny_mmproj,
-)
+from tests.support.hosts import API_KEY, Host, Standalone
+from tests.support.hub_server import HubServer, tiny_gguf_repo
+from tests.support.llama_cpp_server import LlamaCppServer
+from tests.support.tiny_models import write_models
 
 pytest_plugins = ["jupyter_server.pytest_plugin"]
-
-API_KEY = "sk-lemonkit-test"
-TEST_REPO = "lemonkit-test/tiny-GGUF"
-TINY = "user.tiny-llama"
-TINY_B = "user.tiny-llama-b"
-EMBED = "user.tiny-embed"
-RERANK = "user.tiny-rerank"
-VISION = "user.tiny-vision"
-GEMMA = "Gemma-3-270m-GGUF"
-
-
-def _write_models() -> None:
-    snapshot = HF_CACHE / f"models--{TEST_REPO.replace('/', '--')}" / "snapshots" / ("a" * 40)
-    snapshot.mkdir(parents=True)
-    (snapshot.parents[1] / "refs").mkdir()
-    (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
-    write_tiny_llama(snapshot / "tiny-llama.gguf")
-    write_tiny_llama(snapshot / "tiny-llama-b.gguf", seed=1)
-    write_tiny_bert_embedding(snapshot / "tiny-embed.gguf")
-    write_tiny_bert_reranker(snapshot / "tiny-rerank.gguf")
-    write_tiny_mmproj(snapshot / "mmproj-tiny.gguf")
-    (snapshot / "not-gguf.gguf").write_bytes(b"<html>this is not a model</html>")
-    (snapshot / "broken-gguf.gguf").write_bytes(b"GGUF" + bytes(60))
-    CACHE_DIR.mkdir(parents=True)
-    entries = {
-        "tiny-llama": {"checkpoint": f"{TEST_REPO}:tiny-llama.gguf", "recipe": "llamacpp", "labels": ["chat"]},
-        "tiny-llama-b": {"checkpoint": f"{TEST_REPO}:tiny-llama-b.gguf", "recipe": "llamacpp", "labels": ["chat"]},
-        "tiny-embed": {"checkpoint": f"{TEST_REPO}:tiny-embed.gguf", "recipe": "llamacpp", "labels": ["embeddings"]},
-        "tiny-rerank": {"checkpoint": f"{TEST_REPO}:tiny-rerank.gguf", "recipe": "llamacpp", "labels": ["reranking"]},
-        "tiny-vision": {
-            "checkpoint": f"{TEST_REPO}:tiny-llama.gguf",
-            "mmproj": "mmproj-tiny.gguf",
-            "recipe": "llamacpp",
-            "labels": ["chat", "vision"],
-        },
-        "not-gguf": {"checkpoint": f"{TEST_REPO}:not-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
-        "broken-gguf": {"checkpoint": f"{TEST_REPO}:broken-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
-    }
-    (CACHE_DIR / "user_models.json").write_text(json.dumps(entries, indent=2))
-
-
-_write_models()
 
 
 #: fixtures that run the bundled Gemma 270M: a test using one is marked ``gemma`` (``pytest -m "not gemma"`` skips it)
@@ -98,72 +37,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.gemma)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    write_models()  # once, before anything is collected
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     shutil.rmtree(ROOT, ignore_errors=True)
-
-
-@dataclass
-class Host:
-    """One running lemonkit server, as a client sees it."""
-
-    kind: str
-    root: str  # ends with "/": the host's mount point
-    token: str | None
-
-    @property
-    def api(self) -> str:
-        return self.root + "api/v1"
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
-
-    def client(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.api + "/", headers=self.headers, timeout=120, **kwargs)
-
-    def openai(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.api, api_key=self.token or "none", max_retries=0, timeout=120)
-
-
-class Standalone:
-    """``lemonkit serve`` in a subprocess, for as long as a fixture needs it."""
-
-    def __init__(
-        self, env: dict[str, str] | None = None, python: str = sys.executable, args: tuple[str, ...] = ()
-    ) -> None:
-        self.env = {**os.environ, **(env or {})}
-        self.process = subprocess.Popen(
-            [python, "-m", "lemonkit.cli", "serve", "--port", "0", *args],
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.port: int | None = None
-        self.log: list[str] = []
-        self._ready = threading.Event()
-        self._drainer = threading.Thread(target=self._drain, daemon=True)
-        self._drainer.start()
-        if not self._ready.wait(60) or self.port is None:
-            self.stop()
-            raise RuntimeError("lemonkit serve did not start:\n" + "".join(self.log))
-
-    def _drain(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.log.append(line)
-            if "lemonkit serving on" in line and self.port is None:
-                self.port = int(line.rsplit(":", 1)[1].split("/")[0])
-                self._ready.set()
-        self._ready.set()
-
-    @property
-    def root(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
-
-    def stop(self) -> None:
-        stop_process(self.process)
-        self._drainer.join(10)  # every line it wrote is in self.log
 
 
 @pytest.fixture(scope="session")

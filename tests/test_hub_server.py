@@ -7,10 +7,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hub_server import HubServer, tiny_gguf_repo
 from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub.errors import GatedRepoError, RemoteEntryNotFoundError, RepositoryNotFoundError
 from huggingface_hub.hf_api import RepoFile, RepoFolder
+
+from tests.support.hub_server import HubServer, tiny_gguf_repo
 
 pytestmark = pytest.mark.usefixtures("hf_online")
 

@@ -1,0 +1,1 @@
+"""Tests of lemonkit.backends: the engines called directly, and the sidecar process."""

@@ -1,0 +1,1 @@
+"""Tests of lemonkit.catalog: the registry, recipes, options, the machine and the bundled models."""

@@ -1,0 +1,1 @@
+"""Tests of lemonkit.downloads: the download manager without HTTP."""

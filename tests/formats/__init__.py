@@ -1,0 +1,1 @@
+"""Tests of lemonkit.formats: wire shapes, files and parsers."""

@@ -1,0 +1,1 @@
+"""Tests of the notebook layer (lemonkit.api, magics, commands, the CLI) and of the notebooks themselves."""

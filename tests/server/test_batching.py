@@ -1,0 +1,277 @@
+"""Continuous batching in the llama.cpp engine, through both personal hosts over real HTTP.
+
+A model loaded with ``--parallel N`` reports N slots in ``/v1/health``, generates N requests together, gives each
+request exactly the output it gets alone (per-sequence sampling state: seeds, penalties, grammars, stop strings,
+logprobs; batch-invariant kernels, so the same logits to the last bit), lets a client that leaves free its slot,
+and keeps one prompt cache per slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.hosts import Host
+from tests.support.tiny_models import TINY
+from tests.support.waiting import until
+
+pytestmark = pytest.mark.slow
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look a word up",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+    },
+}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+def _chat(content: str, **extra: Any) -> dict[str, Any]:
+    return {"model": TINY, "messages": [{"role": "user", "content": content}], "max_tokens": 40, **extra}
+
+
+#: Seven requests with their own sampling settings; each must answer in a batch exactly as alone.
+FINISHING = {
+    "greedy": _chat("one", temperature=0, logprobs=True, top_logprobs=2),
+    "seeded": _chat("two", temperature=0.9, seed=11, top_k=20),
+    "nucleus": _chat("three", temperature=0.7, seed=12, top_p=0.8, min_p=0.1),
+    # long enough to be evaluated in chunks beside the others (ggml has other kernels for 64 rows and more)
+    "penalties": _chat("four " * 150, temperature=1.0, seed=13, repeat_penalty=1.3, presence_penalty=0.5),
+    "json": _chat(
+        "five",
+        temperature=0,
+        max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+    ),
+    "tool": _chat(
+        "six",
+        temperature=0,
+        max_tokens=60,
+        tools=[TOOL],
+        tool_choice={"type": "function", "function": {"name": "lookup"}},
+    ),
+    "logprobs_stop": _chat("seven", temperature=0, logprobs=True, top_logprobs=2, stop=["loo"]),
+}
+
+
+async def _load(client: httpx.AsyncClient, llamacpp_args: str) -> None:
+    await client.post("unload", json={"model_name": TINY})  # 404 when not loaded: fine
+    body = {"model_name": TINY, "ctx_size": 4096, "llamacpp_args": llamacpp_args}
+    response = await client.post("load", json=body)
+    assert response.status_code == 200, response.text
+
+
+async def _entry(client: httpx.AsyncClient) -> dict[str, Any]:
+    health = (await client.get("health")).json()
+    (entry,) = [m for m in health["all_models_loaded"] if m["model_name"] == TINY]
+    return entry
+
+
+async def _idle(client: httpx.AsyncClient) -> None:
+    async def idle() -> bool:
+        entry = await _entry(client)
+        return entry["slots"]["busy"] == 0 and entry["queue_depth"] == 0
+
+    await until(idle, "the model to be idle")
+
+
+class Answer:
+    """What a stream delivered: its text, tool-call arguments, logprob tokens, finish reason and usage."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.arguments = ""
+        self.logprobs: list[tuple[str, float, list[tuple[str, float]]]] = []
+        self.finish: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.events = 0
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        if not chunk["choices"]:
+            return
+        choice = chunk["choices"][0]
+        delta = choice["delta"]
+        self.text += delta.get("content") or ""
+        for call in delta.get("tool_calls") or []:
+            self.arguments += call["function"].get("arguments") or ""
+        for entry in (choice.get("logprobs") or {}).get("content") or []:
+            tops = [(top["token"], top["logprob"]) for top in entry.get("top_logprobs") or []]
+            self.logprobs.append((entry["token"], entry["logprob"], tops))
+        self.finish = choice.get("finish_reason") or self.finish
+        self.events += 1
+
+    def same_as(self, alone: Answer) -> None:
+        """Assert this answer is the lone one: text, tool-call arguments, logprobs to the last bit, finish, usage."""
+        assert self.text == alone.text
+        assert self.arguments == alone.arguments
+        assert self.logprobs == alone.logprobs
+        assert self.finish == alone.finish
+        assert self.usage is not None and alone.usage is not None
+        assert self.usage["completion_tokens"] == alone.usage["completion_tokens"]
+        assert self.usage["prompt_tokens"] == alone.usage["prompt_tokens"]
+
+
+async def _stream(
+    client: httpx.AsyncClient, body: dict[str, Any], answer: Answer, *, events: int | None = None
+) -> Answer:
+    """Stream ``body`` into ``answer``; with ``events``, close the connection after that many (a client leaving)."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with client.stream("POST", "chat/completions", json=body) as response:
+        assert response.status_code == 200, await response.aread()
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                answer.add(json.loads(line[len("data: ") :]))
+                if events is not None and answer.events >= events:
+                    return answer
+    return answer
+
+
+async def test_eight_streams_in_a_batch_answer_as_alone(host: Host) -> None:
+    async with host.client() as client:
+        await _load(client, "--parallel 8")
+        assert (await _entry(client))["slots"]["total"] == 8
+        alone = {name: await _stream(client, body, Answer()) for name, body in FINISHING.items()}
+
+        batched = {name: Answer() for name in FINISHING}
+        leaving = Answer()
+        tasks = [asyncio.ensure_future(_stream(client, FINISHING[n], batched[n])) for n in FINISHING]
+        tasks.append(asyncio.ensure_future(_stream(client, _chat("eight", max_tokens=3000), leaving, events=3)))
+        await asyncio.gather(*tasks)
+        await _idle(client)  # the stream whose client left freed its slot
+        stats = (await client.get("stats")).json()
+
+    for name in FINISHING:
+        batched[name].same_as(alone[name])
+    # the grammars held (TINY's strings may run until max_tokens, so the JSON may be cut short)
+    assert batched["json"].text.replace(" ", "").startswith('{"name":"')
+    assert batched["tool"].arguments.replace(" ", "").startswith('{"q":"')
+    assert batched["logprobs_stop"].logprobs and all(lp <= 0 for _, lp, _ in batched["logprobs_stop"].logprobs)
+    assert batched["seeded"].text != batched["greedy"].text
+    assert leaving.events == 3 and leaving.finish is None
+    # /v1/stats describes one finished request, consistently
+    assert stats["input_tokens"] == stats["prompt_tokens"] - stats["cache_tokens"]
+    assert stats["output_tokens"] == len(stats["decode_token_times"])
+
+
+async def test_slots_in_health_and_all_of_them_generate_at_once(host: Host) -> None:
+    """N streams have all produced tokens while every one still holds its slot (none has finished)."""
+    n = 3
+    async with host.client() as client:
+        await _load(client, f"--parallel {n}")
+        assert (await _entry(client))["slots"] == {"total": n, "busy": 0, "idle": n}
+        answers = [Answer() for _ in range(n)]
+        # TINY never ends on its own: each stream runs until its client leaves (or the context is full)
+        body = _chat("go", temperature=0, max_tokens=4000)
+        streams = [client.stream("POST", "chat/completions", json={**body, "stream": True}) for _ in range(n)]
+        responses = await asyncio.gather(*(s.__aenter__() for s in streams))
+        try:
+            lines = [r.aiter_lines() for r in responses]
+            for answer, it in zip(answers, lines, strict=True):
+                while not answer.text:
+                    line = await anext(it)
+                    if line.startswith("data: {"):
+                        answer.add(json.loads(line[len("data: ") :]))
+            entry = await _entry(client)
+            assert entry["slots"] == {"total": n, "busy": n, "idle": 0}
+            assert all(a.finish is None for a in answers)
+        finally:
+            for s in streams:
+                await s.__aexit__(None, None, None)
+        await _idle(client)
+
+
+async def test_each_slot_keeps_its_own_prompt_cache(host: Host) -> None:
+    """Two conversations interleaved on two slots: each second turn reuses its own first turn, answers unchanged."""
+    first = {
+        "a": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}],
+        "b": [{"role": "user", "content": "Count to three, slowly, in a language of your choice."}],
+    }
+    greedy = {"temperature": 0, "max_tokens": 8}
+    again = {"role": "user", "content": "Another one."}
+
+    async def post(client: httpx.AsyncClient, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        response = await client.post("chat/completions", json={"model": TINY, "messages": messages, **greedy})
+        assert response.status_code == 200, response.text
+        result: dict[str, Any] = response.json()
+        return result
+
+    async with host.client() as client:
+        await _load(client, "--parallel 2")
+        one = {k: await post(client, m) for k, m in first.items()}
+        second = {
+            k: [*m, {"role": "assistant", "content": one[k]["choices"][0]["message"]["content"]}, again]
+            for k, m in first.items()
+        }
+        two = {k: await post(client, m) for k, m in second.items()}
+        await _load(client, "--parallel 2")
+        fresh = {k: await post(client, m) for k, m in second.items()}
+    for k in first:
+        cached = two[k]["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached == two[k]["timings"]["cache_n"]
+        # the first turn's prompt (its answer may render differently in the template) came from the slot
+        assert one[k]["usage"]["prompt_tokens"] - 8 <= cached < two[k]["usage"]["prompt_tokens"]
+        assert fresh[k]["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert two[k]["choices"][0]["message"] == fresh[k]["choices"][0]["message"]
+
+
+async def test_the_prompts_of_one_completion_share_the_batch(host: Host) -> None:
+    """A completion's prompts generate side by side, one slot each, and each answers as it does alone."""
+    prompts = ["one", "two two", "three three three"]
+    seeded = {"model": TINY, "max_tokens": 30, "temperature": 0.9, "seed": 7, "logprobs": 2}
+    async with host.client() as client:
+        await _load(client, "--parallel 3")
+        alone = [(await client.post("completions", json={**seeded, "prompt": p})).json() for p in prompts]
+        together = (await client.post("completions", json={**seeded, "prompt": prompts})).json()
+
+        body = {"model": TINY, "prompt": prompts, "max_tokens": 4000, "temperature": 0, "stream": True}
+        async with client.stream("POST", "completions", json=body) as response:
+            assert response.status_code == 200
+            seen: set[int] = set()
+            lines = response.aiter_lines()
+            # TINY never ends on its own: one after another, the second prompt would start 4000 tokens later
+            while len(seen) < len(prompts):
+                line = await anext(lines)
+                if line.startswith("data: {"):
+                    (choice,) = json.loads(line[len("data: ") :])["choices"]
+                    assert choice["finish_reason"] is None
+                    seen.add(choice["index"])
+        await _idle(client)  # leaving ended all three
+
+    assert [c["index"] for c in together["choices"]] == [0, 1, 2]
+    for choice, lone in zip(together["choices"], alone, strict=True):
+        (want,) = lone["choices"]
+        assert (choice["text"], choice["logprobs"], choice["finish_reason"]) == (
+            want["text"],
+            want["logprobs"],
+            want["finish_reason"],
+        )
+    assert together["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone)
+
+
+async def test_plain_kernels_without_batch_invariance(host: Host) -> None:
+    """``--no-batch-invariant`` runs the bundled SmolLM2 on ggml's other CPU kernels: they answer (on AMX CPUs the
+    repacked ones crashed the sidecar, so there lemonkit leaves repacking off unless ``--repack`` asks for it)."""
+    from lemonkit.catalog.config import DEFAULT_CHAT_MODEL
+
+    async with host.client() as client:
+        body = {"model_name": DEFAULT_CHAT_MODEL, "llamacpp_args": "--no-batch-invariant"}
+        assert (await client.post("load", json=body)).status_code == 200
+        ask = {"model": DEFAULT_CHAT_MODEL, "messages": [{"role": "user", "content": "Name three colours."}]}
+        answer = await client.post("chat/completions", json={**ask, "max_tokens": 8, "temperature": 0})
+        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+        health = (await client.get("health")).json()
+        (entry,) = [m for m in health["all_models_loaded"] if m["model_name"] == DEFAULT_CHAT_MODEL]
+        assert entry["model_name"] == DEFAULT_CHAT_MODEL
+        await client.post("unload", json={"model_name": DEFAULT_CHAT_MODEL})

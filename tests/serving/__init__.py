@@ -1,0 +1,1 @@
+"""Tests of lemonkit.serving: the model manager, fairness, logs and who is calling."""

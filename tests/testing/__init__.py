@@ -1,0 +1,1 @@
+"""Tests of lemonkit.testing: the tiny generated models."""
