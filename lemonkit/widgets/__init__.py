@@ -20,13 +20,14 @@ if TYPE_CHECKING:
 
 __all__ = ["ChatPanel", "DownloadBar", "ImagePanel", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"]
 
+#: each panel's module (as imported above for type checkers)
 _MODULES = {
-    "ChatPanel": "chat",
-    "DownloadBar": "download",
-    "ImagePanel": "images",
-    "ModelBrowser": "models",
-    "SpeechPanel": "audio",
-    "TranscriptionPanel": "audio",
+    "ChatPanel": "chat_panel",
+    "DownloadBar": "download_bar",
+    "ImagePanel": "image_panel",
+    "ModelBrowser": "model_browser",
+    "SpeechPanel": "audio_panels",
+    "TranscriptionPanel": "audio_panels",
 }
 
 
