@@ -82,67 +82,6 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name i
         TranscriptionPanel,
     )
 
-#: each public name by the module it comes from, imported on first use: ``import lemonkit`` imports none of them, so
-#: a sidecar or a server that imports a core module never loads the notebook client, httpx or numpy (huggingface_hub's
-#: lazy root). The same names as the imports above, which are what type checkers read; ``lemonkit.api`` takes its
-#: ``__all__`` from here.
-_HOMES: dict[str, tuple[str, ...]] = {
-    "lemonkit.api": (
-        "align",
-        "async_openai_client",
-        "chat",
-        "complete",
-        "default_client",
-        "edit_image",
-        "embed",
-        "generate_image",
-        "health",
-        "load",
-        "models",
-        "openai_client",
-        "openai_url",
-        "pull",
-        "rerank",
-        "speak",
-        "stats",
-        "structured",
-        "transcribe",
-        "unload",
-        "upscale",
-        "vary_image",
-        "voice_chat",
-        "voices",
-    ),
-    "lemonkit.client": ("AsyncClient", "Client"),
-    "lemonkit.client.api_requests": ("Embeddings",),
-    "lemonkit.client.audio_clips": ("AudioClip", "Speech"),
-    "lemonkit.client.conversation": ("Chat",),
-    "lemonkit.client.image_results": ("Images",),
-    "lemonkit.client.map_items": ("MapError", "MapResult", "map"),
-    "lemonkit.client.replay": ("ReplayResult", "replay"),
-    "lemonkit.client.results": ("ChatResult", "ModelList", "RankedDocument", "Ranking"),
-    "lemonkit.client.transcripts": ("Segment", "Transcript", "Word"),
-    "lemonkit.client.voice_chat_reply": ("VoiceChatReply",),
-    "lemonkit.errors": (
-        "DownloadError",
-        "DownloadStopped",
-        "InvalidArgument",
-        "InvalidRequest",
-        "LemonkitError",
-        "ModelLoadError",
-        "ModelNotFound",
-        "NotFound",
-        "ServerUnavailable",
-        "StructuredOutputError",
-        "Unauthorized",
-    ),
-    "lemonkit.widgets": ("ChatPanel", "DownloadBar", "ImagePanel", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"),
-}
-#: public name -> (module, attribute): ``lemonkit.map`` is ``map_items`` in its module
-_LAZY: dict[str, tuple[str, str]] = {
-    name: (module, "map_items" if name == "map" else name) for module, names in _HOMES.items() for name in names
-}
-
 __all__ = [
     "AsyncClient",
     "AudioClip",
@@ -201,6 +140,45 @@ __all__ = [
     "voice_chat",
     "voices",
 ]
+
+#: the modules of the public names that are not ``lemonkit.api``'s, and of the widgets (public, but not in
+#: ``__all__``: a star import loads no widgets)
+_ELSEWHERE: dict[str, tuple[str, ...]] = {
+    "lemonkit.client": ("AsyncClient", "Client"),
+    "lemonkit.client.api_requests": ("Embeddings",),
+    "lemonkit.client.audio_clips": ("AudioClip", "Speech"),
+    "lemonkit.client.conversation": ("Chat",),
+    "lemonkit.client.image_results": ("Images",),
+    "lemonkit.client.map_items": ("MapError", "MapResult", "map"),
+    "lemonkit.client.replay": ("ReplayResult", "replay"),
+    "lemonkit.client.results": ("ChatResult", "ModelList", "RankedDocument", "Ranking"),
+    "lemonkit.client.transcripts": ("Segment", "Transcript", "Word"),
+    "lemonkit.client.voice_chat_reply": ("VoiceChatReply",),
+    "lemonkit.errors": (
+        "DownloadError",
+        "DownloadStopped",
+        "InvalidArgument",
+        "InvalidRequest",
+        "LemonkitError",
+        "ModelLoadError",
+        "ModelNotFound",
+        "NotFound",
+        "ServerUnavailable",
+        "StructuredOutputError",
+        "Unauthorized",
+    ),
+    "lemonkit.widgets": ("ChatPanel", "DownloadBar", "ImagePanel", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"),
+}
+#: public name -> (module, attribute), imported on first use: ``import lemonkit`` imports none of them, so a sidecar
+#: or a server that imports a core module never loads the notebook client, httpx or numpy (huggingface_hub's lazy
+#: root). A name of ``__all__`` not elsewhere is ``lemonkit.api``'s (whose ``__all__`` is read from here);
+#: ``lemonkit.map`` is ``map_items`` in its module.
+_LAZY: dict[str, tuple[str, str]] = {
+    **{name: ("lemonkit.api", name) for name in __all__ if name != "__version__"},
+    **{
+        name: (module, "map_items" if name == "map" else name) for module, names in _ELSEWHERE.items() for name in names
+    },
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from lemonkit import _HOMES
+from lemonkit import _LAZY
 from lemonkit.client import Client, Event, default_client
 from lemonkit.client.audio_calls import AudioCalls
 from lemonkit.client.calls import call
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 #: the names the root takes from here (listed in ``lemonkit/__init__.py``, so that ``import lemonkit`` need not
 #: import this module to know them)
-__all__ = list(_HOMES[__name__])
+__all__ = [name for name, (module, _) in _LAZY.items() if module == __name__]
 
 P = ParamSpec("P")
 T = TypeVar("T")
