@@ -82,72 +82,6 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name i
         TranscriptionPanel,
     )
 
-#: public name -> (module, attribute): ``import lemonkit`` imports none of them, so a sidecar or a server that
-#: imports a core module never loads the notebook client, httpx or numpy (huggingface_hub's lazy root)
-_LAZY: dict[str, tuple[str, str]] = {
-    "align": ("lemonkit.api", "align"),
-    "async_openai_client": ("lemonkit.api", "async_openai_client"),
-    "chat": ("lemonkit.api", "chat"),
-    "complete": ("lemonkit.api", "complete"),
-    "default_client": ("lemonkit.client", "default_client"),
-    "edit_image": ("lemonkit.api", "edit_image"),
-    "embed": ("lemonkit.api", "embed"),
-    "generate_image": ("lemonkit.api", "generate_image"),
-    "health": ("lemonkit.api", "health"),
-    "load": ("lemonkit.api", "load"),
-    "models": ("lemonkit.api", "models"),
-    "openai_client": ("lemonkit.api", "openai_client"),
-    "openai_url": ("lemonkit.api", "openai_url"),
-    "pull": ("lemonkit.api", "pull"),
-    "rerank": ("lemonkit.api", "rerank"),
-    "speak": ("lemonkit.api", "speak"),
-    "stats": ("lemonkit.api", "stats"),
-    "structured": ("lemonkit.api", "structured"),
-    "transcribe": ("lemonkit.api", "transcribe"),
-    "unload": ("lemonkit.api", "unload"),
-    "upscale": ("lemonkit.api", "upscale"),
-    "vary_image": ("lemonkit.api", "vary_image"),
-    "voice_chat": ("lemonkit.api", "voice_chat"),
-    "voices": ("lemonkit.api", "voices"),
-    "AsyncClient": ("lemonkit.client", "AsyncClient"),
-    "Client": ("lemonkit.client", "Client"),
-    "ServerUnavailable": ("lemonkit.errors", "ServerUnavailable"),
-    "Chat": ("lemonkit.client.conversation", "Chat"),
-    "DownloadError": ("lemonkit.errors", "DownloadError"),
-    "DownloadStopped": ("lemonkit.errors", "DownloadStopped"),
-    "InvalidArgument": ("lemonkit.errors", "InvalidArgument"),
-    "InvalidRequest": ("lemonkit.errors", "InvalidRequest"),
-    "LemonkitError": ("lemonkit.errors", "LemonkitError"),
-    "ModelLoadError": ("lemonkit.errors", "ModelLoadError"),
-    "ModelNotFound": ("lemonkit.errors", "ModelNotFound"),
-    "NotFound": ("lemonkit.errors", "NotFound"),
-    "Unauthorized": ("lemonkit.errors", "Unauthorized"),
-    "Images": ("lemonkit.client.image_results", "Images"),
-    "Embeddings": ("lemonkit.client.api_requests", "Embeddings"),
-    "StructuredOutputError": ("lemonkit.errors", "StructuredOutputError"),
-    "MapError": ("lemonkit.client.map_items", "MapError"),
-    "MapResult": ("lemonkit.client.map_items", "MapResult"),
-    "map": ("lemonkit.client.map_items", "map_items"),
-    "ReplayResult": ("lemonkit.client.replay", "ReplayResult"),
-    "replay": ("lemonkit.client.replay", "replay"),
-    "ChatResult": ("lemonkit.client.results", "ChatResult"),
-    "ModelList": ("lemonkit.client.results", "ModelList"),
-    "RankedDocument": ("lemonkit.client.results", "RankedDocument"),
-    "Ranking": ("lemonkit.client.results", "Ranking"),
-    "AudioClip": ("lemonkit.client.audio_clips", "AudioClip"),
-    "Speech": ("lemonkit.client.audio_clips", "Speech"),
-    "Segment": ("lemonkit.client.transcripts", "Segment"),
-    "Transcript": ("lemonkit.client.transcripts", "Transcript"),
-    "Word": ("lemonkit.client.transcripts", "Word"),
-    "VoiceChatReply": ("lemonkit.client.voice_chat_reply", "VoiceChatReply"),
-    "ChatPanel": ("lemonkit.widgets", "ChatPanel"),
-    "DownloadBar": ("lemonkit.widgets", "DownloadBar"),
-    "ImagePanel": ("lemonkit.widgets", "ImagePanel"),
-    "ModelBrowser": ("lemonkit.widgets", "ModelBrowser"),
-    "SpeechPanel": ("lemonkit.widgets", "SpeechPanel"),
-    "TranscriptionPanel": ("lemonkit.widgets", "TranscriptionPanel"),
-}
-
 __all__ = [
     "AsyncClient",
     "AudioClip",
@@ -206,6 +140,45 @@ __all__ = [
     "voice_chat",
     "voices",
 ]
+
+#: the modules of the public names that are not ``lemonkit.api``'s, and of the widgets (public, but not in
+#: ``__all__``: a star import loads no widgets)
+_ELSEWHERE: dict[str, tuple[str, ...]] = {
+    "lemonkit.client": ("AsyncClient", "Client"),
+    "lemonkit.client.api_requests": ("Embeddings",),
+    "lemonkit.client.audio_clips": ("AudioClip", "Speech"),
+    "lemonkit.client.conversation": ("Chat",),
+    "lemonkit.client.image_results": ("Images",),
+    "lemonkit.client.map_items": ("MapError", "MapResult", "map"),
+    "lemonkit.client.replay": ("ReplayResult", "replay"),
+    "lemonkit.client.results": ("ChatResult", "ModelList", "RankedDocument", "Ranking"),
+    "lemonkit.client.transcripts": ("Segment", "Transcript", "Word"),
+    "lemonkit.client.voice_chat_reply": ("VoiceChatReply",),
+    "lemonkit.errors": (
+        "DownloadError",
+        "DownloadStopped",
+        "InvalidArgument",
+        "InvalidRequest",
+        "LemonkitError",
+        "ModelLoadError",
+        "ModelNotFound",
+        "NotFound",
+        "ServerUnavailable",
+        "StructuredOutputError",
+        "Unauthorized",
+    ),
+    "lemonkit.widgets": ("ChatPanel", "DownloadBar", "ImagePanel", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"),
+}
+#: public name -> (module, attribute), imported on first use: ``import lemonkit`` imports none of them, so a sidecar
+#: or a server that imports a core module never loads the notebook client, httpx or numpy (huggingface_hub's lazy
+#: root). A name of ``__all__`` not elsewhere is ``lemonkit.api``'s (whose ``__all__`` is read from here);
+#: ``lemonkit.map`` is ``map_items`` in its module.
+_LAZY: dict[str, tuple[str, str]] = {
+    **{name: ("lemonkit.api", name) for name in __all__ if name != "__version__"},
+    **{
+        name: (module, "map_items" if name == "map" else name) for module, names in _ELSEWHERE.items() for name in names
+    },
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from lemonkit import _LAZY
 from lemonkit.client import Client, Event, default_client
 from lemonkit.client.audio_calls import AudioCalls
 from lemonkit.client.calls import call
@@ -18,32 +19,9 @@ from lemonkit.errors import DownloadError, error_from_body
 if TYPE_CHECKING:
     import openai
 
-__all__ = [
-    "align",
-    "async_openai_client",
-    "chat",
-    "complete",
-    "default_client",
-    "edit_image",
-    "embed",
-    "generate_image",
-    "health",
-    "load",
-    "models",
-    "openai_client",
-    "openai_url",
-    "pull",
-    "rerank",
-    "speak",
-    "stats",
-    "structured",
-    "transcribe",
-    "unload",
-    "upscale",
-    "vary_image",
-    "voice_chat",
-    "voices",
-]
+#: the names the root takes from here (listed in ``lemonkit/__init__.py``, so that ``import lemonkit`` need not
+#: import this module to know them)
+__all__ = [name for name, (module, _) in _LAZY.items() if module == __name__]
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -3,7 +3,8 @@
 faster-whisper (CTranslate2), ONNX Runtime and diffusers (torch) each ship CPU and GPU builds; an engine uses the
 GPU its installed build can reach, in half precision where that is the GPU's fast path, and the CPU everywhere
 else, as before. ``LEMONKIT_ENGINE_DEVICE=cpu`` keeps every one of them on the CPU (a GPU left to llama.cpp). Each
-reports the device it chose in ``/v1/health``.
+reports the device it chose in ``/v1/health``. The ONNX engines (embeddings, Kokoro, Piper) open their sessions
+here too (:func:`onnx_session`), so that they run alike.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["OnnxChoice", "TorchChoice", "ctranslate2_device", "onnx_providers", "torch_device"]
+__all__ = ["OnnxChoice", "TorchChoice", "ctranslate2_device", "onnx_providers", "onnx_session", "torch_device"]
 
 #: ONNX Runtime's providers lemonkit uses, best first; TensorRT and OpenVINO need set-up of their own
 _ONNX_GPU = ("CUDAExecutionProvider", "ROCMExecutionProvider", "DmlExecutionProvider", "CoreMLExecutionProvider")
@@ -51,6 +52,18 @@ def onnx_providers(onnxruntime: Any, environ: Mapping[str, str] | None = None) -
     if gpu:
         return OnnxChoice([gpu[0], "CPUExecutionProvider"], "gpu")
     return OnnxChoice(["CPUExecutionProvider"], "cpu")
+
+
+def onnx_session(onnxruntime: Any, model: str | os.PathLike[str], threads: int) -> tuple[Any, OnnxChoice]:
+    """An ONNX Runtime session of ``model`` on :func:`onnx_providers`' choice, and that choice: ``threads`` within
+    an operator, one operator at a time, errors only in its log (the shape-merge warnings of hand-built graphs are
+    noise). The one way every ONNX engine opens its model."""
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    placed = onnx_providers(onnxruntime)
+    return onnxruntime.InferenceSession(str(model), options, providers=placed.providers), placed
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from lemonkit.backends.engine_devices import onnx_providers
+from lemonkit.backends.engine_devices import onnx_session
 from lemonkit.backends.protocol import Cancelled, LoadSpec, physical_cores
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotApplicable
 
@@ -69,12 +69,7 @@ class OnnxEmbeddingEngine:
         self.max_tokens = int(_read_json(root / "sentence_bert_config.json").get("max_seq_length") or 512)
         try:
             self._tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-            options.log_severity_level = 3  # shape-merge warnings of hand-built graphs are noise
-            self._placed = onnx_providers(onnxruntime)
-            self._session = onnxruntime.InferenceSession(str(model), options, providers=self._placed.providers)
+            self._session, self._placed = onnx_session(onnxruntime, model, threads)
         except Exception as exc:  # onnxruntime and tokenizers raise their own exception types
             raise ModelLoadError(f"onnxruntime could not load {model}: {exc}") from exc
         self._tokenizer.enable_truncation(self.max_tokens)

@@ -82,6 +82,16 @@ class _Request:
             temperature = float(temperature)
         return cls(language, prompt or None, temperature, bool(body.get("word_timestamps")))
 
+    @property
+    def decoding(self) -> dict[str, Any]:
+        """These fields as faster-whisper's ``transcribe`` arguments (the model's and the batched pipeline's)."""
+        return {
+            "language": self.language,
+            "initial_prompt": self.prompt,
+            "temperature": self.temperature,
+            "word_timestamps": self.word_timestamps,
+        }
+
 
 def _timing(start: float, duration: float) -> dict[str, float]:
     wall = time.perf_counter() - start
@@ -281,13 +291,7 @@ class FasterWhisperEngine:
         """The segments of ``audio`` as each is decoded (lazily: decoding stops when the caller stops asking), and
         the language (given, or detected before the first segment)."""
         pieces, info = self._model.transcribe(
-            audio.samples,
-            language=request.language,
-            initial_prompt=request.prompt,
-            temperature=request.temperature,
-            word_timestamps=request.word_timestamps,
-            beam_size=self._beam,
-            max_new_tokens=max_new_tokens,
+            audio.samples, **request.decoding, beam_size=self._beam, max_new_tokens=max_new_tokens
         )
         return (_segment(index, piece) for index, piece in enumerate(pieces)), info.language
 
@@ -430,14 +434,7 @@ class FasterWhisperEngine:
         if clips:
             joined = np.concatenate([a.samples for a in audios])
             pieces, info = self._pipeline.transcribe(
-                joined,
-                language=request.language,
-                initial_prompt=request.prompt,
-                temperature=request.temperature,
-                word_timestamps=request.word_timestamps,
-                beam_size=self._beam,
-                batch_size=self._batch,
-                clip_timestamps=clips,
+                joined, **request.decoding, beam_size=self._beam, batch_size=self._batch, clip_timestamps=clips
             )
             language = info.language
             for piece in pieces:

@@ -137,9 +137,8 @@ class ImageCalls:
 
         Args:
             prompt: What to draw.
-            model: An image model; ``None``: ``lemonkit.catalog.config.default_image_model()`` (``SD-Turbo``, downloaded
-            on
-                first use; ``LEMONKIT_DEFAULT_IMAGE_MODEL`` overrides it).
+            model: An image model; ``None``: ``lemonkit.catalog.config.default_image_model()`` (``SD-Turbo``,
+                downloaded on first use; ``LEMONKIT_DEFAULT_IMAGE_MODEL`` overrides it).
             n: How many images.
             size: ``"WIDTHxHEIGHT"`` or ``(width, height)``; ``None``: the model's own, else 512x512.
             steps: Inference steps (``None``: the model's own).
@@ -251,8 +250,7 @@ class ImageCalls:
         Args:
             image: As :meth:`edit_image`'s (one image; sent as PNG).
             model: An upscaling model; ``None``: ``lemonkit.catalog.config.default_upscale_model()``
-            (``RealESRGAN-x4plus``,
-                bundled; ``LEMONKIT_DEFAULT_UPSCALE_MODEL`` overrides it).
+                (``RealESRGAN-x4plus``, bundled; ``LEMONKIT_DEFAULT_UPSCALE_MODEL`` overrides it).
             factor: The scale, where the model allows one (``None``: the model's own).
 
         Returns:

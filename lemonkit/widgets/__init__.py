@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ChatPanel", "DownloadBar", "ImagePanel", "ModelBrowser", "SpeechPanel", "TranscriptionPanel"]
 
+#: each panel's module (as imported above for type checkers)
 _MODULES = {
     "ChatPanel": "chat_panel",
     "DownloadBar": "download_bar",

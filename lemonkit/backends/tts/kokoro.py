@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from lemonkit.backends.engine_devices import onnx_providers
+from lemonkit.backends.engine_devices import onnx_session
 from lemonkit.backends.protocol import LoadSpec
 from lemonkit.backends.tts import SpeechEngine, package_version
 from lemonkit.catalog.hf_cache import safe_relpath
@@ -85,12 +85,7 @@ class KokoroEngine(SpeechEngine):
 
         model, voices = find_model_files(Path(spec["model_path"]))
         try:
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = self.n_threads
-            options.inter_op_num_threads = 1
-            options.log_severity_level = 3
-            placed = onnx_providers(onnxruntime)
-            session = onnxruntime.InferenceSession(str(model), options, providers=placed.providers)
+            session, placed = onnx_session(onnxruntime, model, self.n_threads)
             self.device = placed.device
             self._kokoro = Kokoro.from_session(session, str(voices))
             names = self._kokoro.get_voices()

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from lemonkit.backends.engine_devices import onnx_providers
+from lemonkit.backends.engine_devices import onnx_session
 from lemonkit.backends.protocol import LoadSpec
 from lemonkit.backends.tts import SPEED_RANGE, SpeechEngine, package_version
 from lemonkit.errors import ModelLoadError
@@ -64,12 +64,7 @@ class PiperEngine(SpeechEngine):
         model, config_path = find_voice_files(Path(spec["model_path"]))
         try:
             raw: dict[str, Any] = json.loads(config_path.read_text(encoding="utf-8"))
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = self.n_threads
-            options.inter_op_num_threads = 1
-            options.log_severity_level = 3
-            placed = onnx_providers(onnxruntime)
-            session = onnxruntime.InferenceSession(str(model), options, providers=placed.providers)
+            session, placed = onnx_session(onnxruntime, model, self.n_threads)
             self.device = placed.device
             self._voice = PiperVoice(session=session, config=PiperConfig.from_dict(raw))
         except Exception as exc:  # onnxruntime's, json's and piper's own errors alike

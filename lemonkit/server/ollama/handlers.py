@@ -33,6 +33,17 @@ from lemonkit.server.ollama.translate import (
 from lemonkit.server.openai import embedding_dimensions
 from lemonkit.serving.manager import LoadedModel
 
+
+def _check_positive(value: Any, field: str, expected: str) -> None:
+    """A field that is absent (``None``) or a positive integer.
+
+    Raises:
+        InvalidArgument: Anything else (a bool is not a number here).
+    """
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise InvalidArgument(f"{field}: expected {expected}, got {value!r}")
+
+
 # -- handlers -------------------------------------------------------------------------------------------------------
 
 
@@ -62,6 +73,17 @@ class OllamaHandler(LemonkitHandler):
             raise MissingArgument(f"{field}: required (the model's name)")
         return name
 
+    async def model_for(self, body: dict[str, Any], kind: str, needs: str) -> ModelInfo:
+        """The model ``body`` names, which must run here and be of type ``kind``.
+
+        Raises:
+            ModelNotApplicable: A model of another type (the message ends with ``needs``).
+        """
+        info = await self.service.usable(self.model_name(body))
+        if info.type != kind:
+            raise ModelNotApplicable(f"{info.id} is {a_model_of(info.type)}; {needs}")
+        return info
+
     async def ndjson_open(self) -> None:
         self.set_status(200)
         self.set_header("Content-Type", NDJSON)
@@ -83,13 +105,10 @@ class _ModelRun(OllamaHandler):
     async def post(self) -> None:
         start = time.perf_counter_ns()
         body = self.ollama_body()
-        info = await self.service.usable(self.model_name(body))
-        if info.type != "llm":
-            raise ModelNotApplicable(f"{info.id} is {a_model_of(info.type)}; /api/{self.kind} needs a chat model")
+        info = await self.model_for(body, "llm", f"/api/{self.kind} needs a chat model")
         keep_alive = parse_keep_alive(body.get("keep_alive"))
         num_ctx = (body.get("options") or {}).get("num_ctx") if isinstance(body.get("options"), dict) else None
-        if num_ctx is not None and (not isinstance(num_ctx, int) or isinstance(num_ctx, bool) or num_ctx < 1):
-            raise InvalidArgument(f"options.num_ctx: expected a positive number of tokens, got {num_ctx!r}")
+        _check_positive(num_ctx, "options.num_ctx", "a positive number of tokens")
         ctx_size = num_ctx if self.caller.admin else None  # a shared server's models load with their saved options
         if self._empty(body):
             await self.unless_gone(self._load_only(info, body, keep_alive, ctx_size))
@@ -238,9 +257,7 @@ class EmbedHandler(OllamaHandler):
     async def post(self) -> None:
         start = time.perf_counter_ns()
         body = self.ollama_body()
-        info = await self.service.usable(self.model_name(body))
-        if info.type != "embedding":
-            raise ModelNotApplicable(f"{info.id} is {a_model_of(info.type)}; /api/embed needs an embedding model")
+        info = await self.model_for(body, "embedding", "/api/embed needs an embedding model")
         field = "prompt" if self.legacy else "input"
         texts = body.get(field)
         if isinstance(texts, str):
@@ -253,10 +270,7 @@ class EmbedHandler(OllamaHandler):
             )
         keep_alive = parse_keep_alive(body.get("keep_alive"))
         dimensions = body.get("dimensions")
-        if dimensions is not None and (
-            not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1
-        ):
-            raise InvalidArgument(f"dimensions: expected a positive number, got {dimensions!r}")
+        _check_positive(dimensions, "dimensions", "a positive number")
         request = {"model": info.id, "input": texts}
         await self.unless_gone(self._run(info, body, request, dimensions, keep_alive, start))
 

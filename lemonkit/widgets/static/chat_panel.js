@@ -1,4 +1,4 @@
-import { act, button, errorBanner, h, modelPicker, rerender } from "./shared.js";
+import { act, button, errorView, h, modelPickerView, rerender, watch } from "./shared.js";
 
 function copyButton(text, index) {
   return button(
@@ -33,8 +33,8 @@ function message(msg, index, live = false) {
 }
 
 function render({ model, el }) {
-  const picker = h("span");
-  const banner = h("div", { className: "lk-banner" });
+  const [picker, pickerView] = modelPickerView(model, "Chat model");
+  const [banner, bannerView] = errorView(model);
   const history = h("div", { className: "lk-history", role: "log", "aria-label": "Conversation", "aria-live": "polite" });
   const input = h("textarea", { className: "lk-input", rows: "2", "aria-label": "Message", placeholder: "Ask something" });
   const send = () => {
@@ -60,14 +60,10 @@ function render({ model, el }) {
     h("div", { className: "lk-compose" }, input, sendButton, stopButton, clearButton),
   );
 
-  const pick = (id) => {
-    model.set("model", id);
-    model.save_changes();
-  };
   const views = {
     // the picker only when its choices change: a re-rendered <select> would close under the user's pointer
-    picker: () => rerender(picker, modelPicker(model.get("models"), model.get("model"), pick, "Chat model")),
-    banner: () => rerender(banner, errorBanner(model.get("error"), () => act(model, "dismiss"))),
+    picker: pickerView,
+    banner: bannerView,
     history: () => {
       const streaming = model.get("streaming");
       const partial = model.get("partial");
@@ -82,17 +78,14 @@ function render({ model, el }) {
       el.dataset.streaming = String(streaming);
     },
   };
-  const triggers = {
+  return watch(model, {
     models: views.picker,
     model: views.picker,
     error: views.banner,
     messages: views.history,
     partial: views.history,
     streaming: views.history,
-  };
-  for (const [name, view] of Object.entries(triggers)) model.on(`change:${name}`, view);
-  Object.values(views).forEach((view) => view());
-  return () => Object.entries(triggers).forEach(([name, view]) => model.off(`change:${name}`, view));
+  });
 }
 
 export default { render };

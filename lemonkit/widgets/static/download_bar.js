@@ -1,4 +1,4 @@
-import { act, button, errorBanner, h, progressBar, rerender } from "./shared.js";
+import { act, button, errorBanner, h, progressBar, rerender, watch } from "./shared.js";
 
 function render({ model, el }) {
   el.classList.add("lk-widget", "lk-download-bar");
@@ -15,10 +15,7 @@ function render({ model, el }) {
       errorBanner(model.get("error")),
     );
   };
-  const names = ["progress", "error", "controls", "model_name"];
-  for (const name of names) model.on(`change:${name}`, update);
-  update();
-  return () => names.forEach((name) => model.off(`change:${name}`, update));
+  return watch(model, Object.fromEntries(["progress", "error", "controls", "model_name"].map((name) => [name, update])));
 }
 
 export default { render };

@@ -1,4 +1,4 @@
-import { act, actWith, button, bytesUrl, choicePicker, errorBanner, h, modelPicker, rerender } from "./shared.js";
+import { act, actWith, button, bytesUrl, choicePicker, errorView, h, modelPickerView, rerender, setTrait, watch } from "./shared.js";
 
 const SIZES = ["64x64", "128x128", "256x256", "512x512", "768x768", "1024x1024"];
 
@@ -8,9 +8,9 @@ function numberInput(label, key, attrs) {
 
 function render({ model, el }) {
   el.classList.add("lk-widget", "lk-image-panel");
-  const picker = h("span");
+  const [picker, pickerView] = modelPickerView(model, "Image model");
   const upscalerPicker = h("span");
-  const banner = h("div", { className: "lk-banner" });
+  const [banner, bannerView] = errorView(model);
   const status = h("span", { className: "lk-note", role: "status", "aria-live": "polite" });
   const prompt = h("textarea", { className: "lk-image-prompt", rows: "2", "aria-label": "Prompt" });
   const sizes = h("datalist", { id: `lk-sizes-${Math.random().toString(36).slice(2)}` }, SIZES.map((s) => h("option", { value: s })));
@@ -21,10 +21,7 @@ function render({ model, el }) {
   const grid = h("div", { className: "lk-image-grid", role: "listbox", "aria-label": "Images" });
   const urls = [];
 
-  const save = (name, value) => {
-    model.set(name, value);
-    model.save_changes();
-  };
+  const save = (name, value) => setTrait(model, name, value);
   const integer = (input, fallback) => (input.value.trim() === "" ? fallback : Math.trunc(Number(input.value)));
   prompt.addEventListener("change", () => save("prompt", prompt.value));
   size.addEventListener("change", () => save("size", size.value.trim()));
@@ -85,13 +82,13 @@ function render({ model, el }) {
   const pick = (index) => save("selected", index === model.get("selected") ? -1 : index);
 
   const views = {
-    picker: () => rerender(picker, modelPicker(model.get("models"), model.get("model"), (id) => save("model", id), "Image model")),
+    picker: pickerView,
     upscalers: () =>
       rerender(
         upscalerPicker,
         choicePicker(model.get("upscalers"), model.get("upscaler"), (id) => save("upscaler", id), "Upscaler", "upscaler", "no upscaler"),
       ),
-    banner: () => rerender(banner, errorBanner(model.get("error"), () => act(model, "dismiss"))),
+    banner: bannerView,
     grid: () => {
       urls.splice(0).forEach((slot) => slot.url && URL.revokeObjectURL(slot.url));
       const captions = model.get("captions");
@@ -142,7 +139,7 @@ function render({ model, el }) {
       status.textContent = busy ? `${model.get("activity") || "Working"}…` : "";
     },
   };
-  const triggers = {
+  const unwatch = watch(model, {
     models: views.picker,
     model: views.picker,
     upscalers: views.upscalers,
@@ -154,12 +151,9 @@ function render({ model, el }) {
     selected: views.selection,
     busy: views.status,
     activity: views.status,
-  };
-  const bound = Object.entries(triggers).flatMap(([name, view]) => [view].flat().map((v) => [name, v]));
-  for (const [name, view] of bound) model.on(`change:${name}`, view);
-  new Set(bound.map(([, view]) => view)).forEach((view) => view());
+  });
   return () => {
-    bound.forEach(([name, view]) => model.off(`change:${name}`, view));
+    unwatch();
     urls.forEach((slot) => slot.url && URL.revokeObjectURL(slot.url));
   };
 }

@@ -1,4 +1,4 @@
-import { act, button, errorBanner, h, progressBar, rerender } from "./shared.js";
+import { act, button, errorBanner, errorView, h, progressBar, rerender, setTrait, watch } from "./shared.js";
 
 const ACTIVE = new Set(["starting", "downloading"]);
 
@@ -69,20 +69,14 @@ function render({ model, el }) {
     placeholder: "Search models",
     "aria-label": "Search models",
     value: model.get("query"),
-    oninput: (e) => {
-      model.set("query", e.target.value);
-      model.save_changes();
-    },
+    oninput: (e) => setTrait(model, "query", e.target.value),
   });
   const labelFilter = h("select", {
     className: "lk-label-filter",
     "aria-label": "Filter by label",
-    onchange: (e) => {
-      model.set("label", e.target.value);
-      model.save_changes();
-    },
+    onchange: (e) => setTrait(model, "label", e.target.value),
   });
-  const banner = h("div", { className: "lk-banner" });
+  const [banner, bannerView] = errorView(model);
   const body = h("tbody");
   const count = h("span", { className: "lk-count", "aria-live": "polite" });
   const table = h(
@@ -117,13 +111,11 @@ function render({ model, el }) {
     );
     const visible = rows.filter((r) => matches(r, model.get("query"), chosen));
     count.textContent = `${visible.length} of ${rows.length} models`;
-    rerender(banner, errorBanner(model.get("error"), () => act(model, "dismiss")));
+    bannerView();
     rerender(body, visible.map((row) => tableRow(model, row)));
   };
   const names = ["rows", "downloads", "pending", "row_errors", "error", "query", "label"];
-  for (const name of names) model.on(`change:${name}`, update);
-  update();
-  return () => names.forEach((name) => model.off(`change:${name}`, update));
+  return watch(model, Object.fromEntries(names.map((name) => [name, update])));
 }
 
 export default { render };

@@ -25,6 +25,21 @@ export function actWith(model, state, action, ...args) {
   model.send({ action, args, state });
 }
 
+// Set a synced trait from the page and send it to the kernel.
+export function setTrait(model, name, value) {
+  model.set(name, value);
+  model.save_changes();
+}
+
+// Run each view whenever one of its traits changes (triggers: trait name -> a view, or a list of views), and every
+// view once now; returns what stops it (a panel's cleanup).
+export function watch(model, triggers) {
+  const bound = Object.entries(triggers).flatMap(([name, views]) => [views].flat().map((view) => [name, view]));
+  for (const [name, view] of bound) model.on(`change:${name}`, view);
+  new Set(bound.map(([, view]) => view)).forEach((view) => view());
+  return () => bound.forEach(([name, view]) => model.off(`change:${name}`, view));
+}
+
 export function formatBytes(n) {
   if (!n) return "0 B";
   const units = ["B", "KB", "MB", "GB", "TB"];
@@ -92,11 +107,31 @@ export function modelPicker(models, selected, onChange, label = "Model") {
   return choicePicker(models, selected, onChange, label, "model-picker", "no model available");
 }
 
+// A task panel's model picker (its models and model traits) and the view that redraws it: [node, view].
+export function modelPickerView(model, label) {
+  const node = h("span");
+  const pick = (id) => setTrait(model, "model", id);
+  return [node, () => rerender(node, modelPicker(model.get("models"), model.get("model"), pick, label))];
+}
+
+// A panel's error banner (its error trait; the close button dismisses it) and the view that redraws it: [node, view].
+export function errorView(model) {
+  const node = h("div", { className: "lk-banner" });
+  return [node, () => rerender(node, errorBanner(model.get("error"), () => act(model, "dismiss")))];
+}
+
 // An object URL for the bytes of a Bytes traitlet (a DataView), "" for none; the URL slot.url held before is revoked.
 export function bytesUrl(slot, bytes, type) {
   if (slot.url) URL.revokeObjectURL(slot.url);
   slot.url = bytes && bytes.byteLength ? URL.createObjectURL(new Blob([bytes], type ? { type } : {})) : "";
   return slot.url;
+}
+
+// Point node's attribute (src by default) at url and show it; with no url, drop the attribute and hide the node.
+export function showUrl(node, url, attribute = "src") {
+  if (url) node.setAttribute(attribute, url);
+  else node.removeAttribute(attribute);
+  node.hidden = !url;
 }
 
 // An audio player; data-ready says whether its current source can be played (and seeked).
@@ -110,8 +145,7 @@ export function audioPlayer(label) {
 
 // Show an error raised in the page (no kernel round trip) in the panel's banner.
 export function pageError(model, message, code = "browser_error") {
-  model.set("error", { message, code });
-  model.save_changes();
+  setTrait(model, "error", { message, code });
 }
 
 export function button(text, label, onclick, extra = {}) {

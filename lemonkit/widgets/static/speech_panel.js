@@ -1,10 +1,10 @@
-import { act, actWith, audioPlayer, button, bytesUrl, choicePicker, errorBanner, h, modelPicker, rerender } from "./shared.js";
+import { act, actWith, audioPlayer, button, bytesUrl, choicePicker, errorView, h, modelPickerView, rerender, setTrait, showUrl, watch } from "./shared.js";
 
 function render({ model, el }) {
   el.classList.add("lk-widget", "lk-speech-panel");
-  const picker = h("span");
+  const [picker, pickerView] = modelPickerView(model, "Speech model");
   const voice = h("span");
-  const banner = h("div", { className: "lk-banner" });
+  const [banner, bannerView] = errorView(model);
   const status = h("span", { className: "lk-note", role: "status", "aria-live": "polite" });
   const text = h("textarea", { className: "lk-speech-text", rows: "3", "aria-label": "Text to speak" });
   const speed = h("input", { type: "range", min: "0.5", max: "2", step: "0.05", "aria-label": "Speed" });
@@ -13,10 +13,7 @@ function render({ model, el }) {
   const download = h("a", { className: "lk-button", download: "speech.wav", "aria-label": "Download the speech as WAV" }, "Download");
   const urls = { audio: {} };
 
-  const save = (name, value) => {
-    model.set(name, value);
-    model.save_changes();
-  };
+  const save = (name, value) => setTrait(model, name, value);
   text.addEventListener("change", () => save("text", text.value));
   speed.addEventListener("input", () => {
     speedValue.textContent = `${Number(speed.value).toFixed(2)}×`;
@@ -42,10 +39,10 @@ function render({ model, el }) {
   );
 
   const views = {
-    picker: () => rerender(picker, modelPicker(model.get("models"), model.get("model"), (id) => save("model", id), "Speech model")),
+    picker: pickerView,
     voice: () =>
       rerender(voice, choicePicker(model.get("voices"), model.get("voice"), (v) => save("voice", v), "Voice", "voice", "no voices")),
-    banner: () => rerender(banner, errorBanner(model.get("error"), () => act(model, "dismiss"))),
+    banner: bannerView,
     text: () => {
       if (text.value !== model.get("text")) text.value = model.get("text");
     },
@@ -61,15 +58,11 @@ function render({ model, el }) {
     },
     audio: () => {
       const url = bytesUrl(urls.audio, model.get("audio"), model.get("audio_type"));
-      if (url) player.src = url;
-      else player.removeAttribute("src");
-      player.hidden = !url;
-      download.hidden = !url;
-      if (url) download.href = url;
-      else download.removeAttribute("href");
+      showUrl(player, url);
+      showUrl(download, url, "href");
     },
   };
-  const triggers = {
+  const unwatch = watch(model, {
     models: views.picker,
     model: views.picker,
     voices: views.voice,
@@ -80,11 +73,9 @@ function render({ model, el }) {
     busy: views.status,
     audio: views.audio,
     audio_type: views.audio,
-  };
-  for (const [name, view] of Object.entries(triggers)) model.on(`change:${name}`, view);
-  Object.values(views).forEach((view) => view());
+  });
   return () => {
-    Object.entries(triggers).forEach(([name, view]) => model.off(`change:${name}`, view));
+    unwatch();
     if (urls.audio.url) URL.revokeObjectURL(urls.audio.url);
   };
 }

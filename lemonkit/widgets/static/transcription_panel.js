@@ -1,4 +1,4 @@
-import { act, audioPlayer, button, bytesUrl, errorBanner, h, modelPicker, pageError, rerender } from "./shared.js";
+import { act, audioPlayer, button, bytesUrl, errorView, h, modelPickerView, pageError, rerender, showUrl, watch } from "./shared.js";
 
 // The index of the word playing at time t: the last one started by then (-1 before the first).
 function wordAt(words, t) {
@@ -16,8 +16,8 @@ function describe(transcript) {
 
 function render({ model, el }) {
   el.classList.add("lk-widget", "lk-transcription-panel");
-  const picker = h("span");
-  const banner = h("div", { className: "lk-banner" });
+  const [picker, pickerView] = modelPickerView(model, "Transcription model");
+  const [banner, bannerView] = errorView(model);
   const status = h("span", { className: "lk-note", role: "status", "aria-live": "polite" });
   const file = h("input", { type: "file", accept: "audio/*,video/webm", "aria-label": "Audio file to transcribe" });
   const player = audioPlayer("Transcribed audio");
@@ -102,13 +102,9 @@ function render({ model, el }) {
     plot,
   );
 
-  const pick = (id) => {
-    model.set("model", id);
-    model.save_changes();
-  };
   const views = {
-    picker: () => rerender(picker, modelPicker(model.get("models"), model.get("model"), pick, "Transcription model")),
-    banner: () => rerender(banner, errorBanner(model.get("error"), () => act(model, "dismiss"))),
+    picker: pickerView,
+    banner: bannerView,
     status: () => {
       const busy = model.get("busy");
       el.dataset.busy = String(busy);
@@ -118,10 +114,7 @@ function render({ model, el }) {
       if (!recorder) status.textContent = busy ? `Transcribing ${model.get("source")}…` : describe(model.get("transcript"));
     },
     audio: () => {
-      const url = bytesUrl(urls.audio, model.get("audio"), model.get("audio_type"));
-      if (url) player.src = url;
-      else player.removeAttribute("src");
-      player.hidden = !url;
+      showUrl(player, bytesUrl(urls.audio, model.get("audio"), model.get("audio_type")));
     },
     words: () => {
       const transcript = model.get("transcript");
@@ -144,30 +137,22 @@ function render({ model, el }) {
       highlight();
     },
     plot: () => {
-      const url = bytesUrl(urls.plot, model.get("plot"), "image/png");
-      if (url) plot.src = url;
-      else plot.removeAttribute("src");
-      plot.hidden = !url;
+      showUrl(plot, bytesUrl(urls.plot, model.get("plot"), "image/png"));
     },
   };
-  const triggers = {
+  const unwatch = watch(model, {
     models: views.picker,
     model: views.picker,
     error: views.banner,
     busy: views.status,
     source: views.status,
-    transcript: () => {
-      views.words();
-      views.status();
-    },
+    transcript: [views.words, views.status],
     audio: views.audio,
     audio_type: views.audio,
     plot: views.plot,
-  };
-  for (const [name, view] of Object.entries(triggers)) model.on(`change:${name}`, view);
-  Object.values(views).forEach((view) => view());
+  });
   return () => {
-    Object.entries(triggers).forEach(([name, view]) => model.off(`change:${name}`, view));
+    unwatch();
     recorder?.stop();
     Object.values(urls).forEach((slot) => slot.url && URL.revokeObjectURL(slot.url));
   };
