@@ -13,9 +13,9 @@ import pytest
 from lemonade_reference import REPO, lemonade_catalog, overridden_catalog, reference_path
 
 from lemonkit.catalog import registry as registry_module
+from lemonkit.catalog.recipe_table import DEFAULT_RECIPES, load_recipes
 from lemonkit.catalog.registry import COLLECTION_OMNI, Registry
 from lemonkit.catalog.support import SupportPolicy
-from lemonkit.catalog.system_info import DEFAULT_RECIPES, load_recipes
 from lemonkit.errors import ModelNotSupported
 
 SCRIPT = REPO / "scripts" / "sync_catalog.py"

@@ -16,9 +16,9 @@ from lemonkit.backends.remote import Endpoint, RemoteTransport, Upstream, check_
 from lemonkit.backends.remote import read_api_key as read_key
 from lemonkit.catalog.config import RemoteSettings
 from lemonkit.catalog.model_rows import parse_row
+from lemonkit.catalog.recipe_table import DEFAULT_RECIPES
 from lemonkit.catalog.registry import Registry
 from lemonkit.catalog.support import SupportPolicy
-from lemonkit.catalog.system_info import DEFAULT_RECIPES
 from lemonkit.errors import Forbidden, ModelLoadError
 
 KEY = "sk-upstream-unit"
