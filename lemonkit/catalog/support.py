@@ -19,9 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lemonkit.catalog.hardware import detect_devices
 from lemonkit.catalog.model_info import COLLECTION_OMNI, RECIPES, ModelInfo
 from lemonkit.catalog.registry import Registry
-from lemonkit.catalog.system_info import backend_status, detect_devices
+from lemonkit.catalog.system_info import backend_status
 from lemonkit.errors import ModelNotSupported
 
 __all__ = ["Support", "SupportPolicy"]
@@ -58,7 +59,7 @@ class SupportPolicy:
 
     Args:
         recipes: The recipe table (``Settings.recipes``).
-        devices: This machine's devices (:func:`lemonkit.catalog.system_info.detect_devices`; read when first needed).
+        devices: This machine's devices (:func:`lemonkit.catalog.hardware.detect_devices`; read when first needed).
     """
 
     def __init__(self, recipes: Mapping[str, Mapping[str, Any]], devices: Mapping[str, Any] | None = None) -> None:

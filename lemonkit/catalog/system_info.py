@@ -1,297 +1,39 @@
 """``GET /v1/system-info``: this machine's hardware and which recipe backends can run on it.
 
-Everything is read from ``/proc``, ``/sys`` and package metadata: no engine is
-imported (importing llama_cpp loads a large shared library), so a call costs a few
-milliseconds. The server calls it off the event loop all the same.
-
-Recipes are data (:data:`DEFAULT_RECIPES`): each backend names the devices it runs
-on and the Python distribution that provides it, so a speech, TTS or image recipe is
-added by adding an entry, not code. An operator's JSON file (``LEMONKIT_RECIPES``) is
-merged over the defaults by :func:`load_recipes`: a new row, or a changed field of one
-(an index with prebuilt wheels for ``pip_args``, a pinned ``requirement``).
+Everything is read from ``/proc``, ``/sys`` and package metadata (:mod:`lemonkit.catalog.hardware` finds the
+devices): no engine is imported (importing llama_cpp loads a large shared library), so a call costs a few
+milliseconds. The server calls it off the event loop all the same. The recipes and their backends are data
+(:mod:`lemonkit.catalog.recipe_table`); here is each backend's state on this machine (:func:`backend_status`)
+and the versions lemonkit's own metadata asks for.
 """
 
 from __future__ import annotations
 
-import copy
 import importlib
 import importlib.metadata
 import importlib.util
 import json
-import os
 import platform
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lemonkit.catalog import accelerators, llamacpp_builds
+from lemonkit.catalog import llamacpp_builds
+from lemonkit.catalog.hardware import detect_devices, gpu_archs, physical_memory
+from lemonkit.catalog.recipe_table import DEFAULT_RECIPES
 
 __all__ = [
-    "DEFAULT_RECIPES",
     "backend_status",
     "default_llamacpp_backend",
-    "detect_devices",
-    "gpu_archs",
     "install_action",
     "install_requirement",
     "lemonkit_requires",
     "llamacpp_backends",
-    "load_recipes",
     "refresh_installed",
     "system_info",
     "wanted_llamacpp",
 ]
-
-#: recipe -> {"default_backend": name, "backends": {name: spec}}. A backend spec's keys, all optional:
-#:   devices      device kinds it runs on ("cpu", "amd_gpu", "nvidia_gpu", "amd_npu", "vulkan": a Vulkan device
-#:                ggml would use, "metal": Apple's GPU); none present -> unsupported
-#:   os           platform.system() value it requires ("Darwin" for Metal)
-#:   missing      message when its devices/OS are absent
-#:   unsupported  message that makes it unsupported regardless (lemonkit has no engine for it)
-#:   distribution PyPI distribution providing it (absent: part of lemonkit, always installed)
-#:   module       top-level module that must be importable (checked with find_spec, without importing)
-#:   min_version  oldest usable version; lemonkit's own requirement for the extra wins when installed
-#:   extra        lemonkit extra that installs it, for the action text
-#:   requirement  what ``POST /v1/install`` asks pip for (default: lemonkit's own requirement for the
-#:                distribution in ``extra``, else ``distribution>=min_version``, else the distribution)
-#:   pip_args     extra ``pip install`` arguments (``--extra-index-url ...``, ``--find-links DIR``)
-#:   build        a llama.cpp backend lemonkit compiles (lemonkit.catalog.llamacpp_builds): its state is that of the
-#:   build
-#:                installed apart under the cache (for "cpu": lemonkit's own first)
-#:   serves       deployment labels lemonkit's engine for the recipe serves, when fewer than the recipe's
-#:                (``onnxruntime``: embeddings, not classification); models of the others are unsupported
-DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
-    # llama.cpp: lemonkit's own CPU build (pip's, with lemonkit[llamacpp]) and the builds /v1/install compiles per
-    # backend into the cache (lemonkit.catalog.llamacpp_builds); "build" names the backend whose CMake flags make it
-    "llamacpp": {
-        "default_backend": "cpu",
-        "backends": {
-            "cpu": {
-                "devices": ["cpu"],
-                "distribution": "llama-cpp-python",
-                "module": "llama_cpp",
-                "min_version": "0.3.36",
-                "extra": "llamacpp",
-                "build": "cpu",
-            },
-            "vulkan": {"devices": ["vulkan"], "build": "vulkan", "missing": "No Vulkan GPU found."},
-            "cuda": {"devices": ["nvidia_gpu"], "build": "cuda", "missing": "No NVIDIA GPU found."},
-            "rocm": {"devices": ["amd_gpu"], "build": "rocm", "missing": "No AMD GPU found."},
-            "metal": {"devices": ["metal"], "os": "Darwin", "build": "metal", "missing": "Requires macOS"},
-        },
-    },
-    "onnxruntime": {
-        "default_backend": "cpu",
-        "backends": {
-            "cpu": {
-                "devices": ["cpu"],
-                "distribution": "onnxruntime",
-                "module": "onnxruntime",
-                "min_version": "1.17",
-                "extra": "embeddings",
-                "serves": ["embeddings"],
-            },
-        },
-    },
-    # speech-to-text and text-to-speech: one engine each, all on the CPU (CTranslate2 and ONNX Runtime)
-    "faster-whisper": {
-        "default_backend": "cpu",
-        "backends": {
-            "cpu": {
-                "devices": ["cpu"],
-                "distribution": "faster-whisper",
-                "module": "faster_whisper",
-                "min_version": "1.2.1",
-                "extra": "audio",
-            },
-        },
-    },
-    "piper": {
-        "default_backend": "cpu",
-        "backends": {
-            "cpu": {
-                "devices": ["cpu"],
-                "distribution": "piper-tts",
-                "module": "piper",
-                "min_version": "1.8.0",
-                "extra": "audio",
-            },
-        },
-    },
-    "kokoro": {
-        "default_backend": "cpu",
-        "backends": {
-            "cpu": {
-                "devices": ["cpu"],
-                "distribution": "kokoro-onnx",
-                "module": "kokoro_onnx",
-                "min_version": "0.6.1",
-                "extra": "audio",
-            },
-        },
-    },
-    "hibari": {
-        "default_backend": "cpu",
-        "backends": {
-            "cpu": {
-                "devices": ["cpu"],
-                "distribution": "hibari-tts",
-                "module": "hibari",
-                "min_version": "0.2.1",
-                "extra": "audio",
-            },
-        },
-    },
-    "diffusers": {
-        "default_backend": "cpu",
-        "backends": {
-            "cpu": {
-                "devices": ["cpu"],
-                "distribution": "diffusers",
-                "module": "diffusers",
-                "min_version": "0.42.1",
-                "extra": "images",
-            },
-        },
-    },
-    # a model another server serves over an OpenAI-compatible API: lemonkit only forwards, nothing to install
-    "remote": {"default_backend": "http", "backends": {"http": {}}},
-    # image upscaling: Real-ESRGAN networks on ncnn's CPU path (its Vulkan path is never enabled)
-    "ncnn": {
-        "default_backend": "cpu",
-        "backends": {
-            "cpu": {
-                "devices": ["cpu"],
-                "distribution": "ncnn",
-                "module": "ncnn",
-                "min_version": "1.0.20240410",
-                "extra": "upscale",
-            },
-        },
-    },
-}
-
-_PCI_VENDORS = {"0x1002": "amd_gpu", "0x10de": "nvidia_gpu"}
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace").strip()
-    except OSError:
-        return None
-
-
-def _cpu(root: Path) -> dict[str, Any]:
-    name = None
-    cores: set[tuple[str, str]] = set()
-    physical = core = None
-    text = _read(root / "proc/cpuinfo") or ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key == "model name" and name is None:
-            name = value
-        elif key == "physical id":
-            physical = value
-        elif key == "core id":
-            core = value
-        elif not key:  # blank line ends one logical CPU's block
-            if core is not None:
-                cores.add((physical or "0", core))
-            physical = core = None
-    if core is not None:
-        cores.add((physical or "0", core))
-    threads = os.cpu_count() or 1
-    return {
-        "name": name or platform.processor() or platform.machine(),
-        # (physical id, core id) pairs count hyper-threads once; absent (ARM, some VMs): logical count
-        "cores": len(cores) or threads,
-        "threads": threads,
-        "available": True,
-        "family": platform.machine(),
-    }
-
-
-def _gpus(root: Path, drivers: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """The PCI display devices of AMD and NVIDIA, named and sized by their drivers where those answered."""
-    found: dict[str, list[dict[str, Any]]] = {"amd_gpu": [], "nvidia_gpu": []}
-    drm = root / "sys/class/drm"
-    try:
-        cards = sorted(p for p in drm.iterdir() if re.fullmatch(r"card\d+", p.name))
-    except OSError:
-        cards = []
-    for card in cards:
-        dev = card / "device"
-        kind = _PCI_VENDORS.get(_read(dev / "vendor") or "")
-        if kind is None:
-            continue
-        gpu: dict[str, Any] = {
-            "name": _read(dev / "product_name")
-            or f"{'AMD' if kind == 'amd_gpu' else 'NVIDIA'} GPU {_read(dev / 'device')}",
-            "available": True,
-        }
-        vram = _read(dev / "mem_info_vram_total")  # amdgpu only
-        if vram and vram.isdigit():
-            gpu["vram_gb"] = round(int(vram) / 1024**3, 1)
-        found[kind].append(gpu)
-    nvidia = drivers.get("nvidia") or {}
-    if nvidia.get("gpus"):
-        # NVML is the driver itself: its list replaces what /sys could only number
-        found["nvidia_gpu"] = [
-            {
-                "name": g["name"],
-                "vram_gb": g["vram_gb"],
-                "available": True,
-                "family": f"sm_{g['compute_capability'].replace('.', '')}",
-                "driver_version": nvidia.get("driver_version"),
-                "cuda_version": nvidia.get("cuda_version"),
-            }
-            for g in nvidia["gpus"]
-        ]
-    targets = accelerators.kfd_gfx_targets(root)
-    if len(targets) == 1:  # one target names every AMD GPU; several cannot be matched to cards by order
-        for gpu in found["amd_gpu"]:
-            gpu["family"] = targets[0]
-    return found
-
-
-def _npu(root: Path) -> dict[str, Any] | None:
-    accel = root / "sys/class/accel"
-    try:
-        nodes = sorted(accel.iterdir())
-    except OSError:
-        return None
-    for node in nodes:
-        driver = node / "device/driver"
-        if driver.is_symlink() and os.readlink(driver).rsplit("/", 1)[-1] == "amdxdna":
-            return {"name": "AMD NPU", "available": True, "family": "XDNA"}
-    return None
-
-
-def detect_devices(root: Path = Path("/"), drivers: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The ``devices`` object. GPU arrays are present and empty when none is found; ``amd_npu`` only when present.
-
-    Besides the spec's kinds, ``vulkan`` lists every device the Vulkan loader reports (``ggml_name`` set on those
-    ggml-vulkan uses, ``available`` with it), and ``metal`` Apple's GPU on a Mac with Apple silicon.
-
-    Args:
-        root: Filesystem root holding ``proc/`` and ``sys/`` (tests point it at a fake tree).
-        drivers: What the GPU drivers report (:func:`lemonkit.catalog.accelerators.detect`; asked when ``root`` is
-        ``/``,
-            else none).
-    """
-    if drivers is None:
-        drivers = accelerators.detect() if root == Path("/") else {}
-    devices: dict[str, Any] = {"cpu": _cpu(root), **_gpus(root, drivers)}
-    vulkan = (drivers.get("vulkan") or {}).get("devices") or []
-    devices["vulkan"] = [{**d, "available": d.get("ggml_name") is not None} for d in vulkan]
-    if drivers.get("metal"):
-        devices["metal"] = [{**d, "available": True} for d in drivers["metal"]["devices"]]
-    npu = _npu(root)
-    if npu is not None:
-        devices["amd_npu"] = npu
-    return devices
 
 
 def _present(kind: str, devices: Mapping[str, Any]) -> bool:
@@ -301,16 +43,6 @@ def _present(kind: str, devices: Mapping[str, Any]) -> bool:
     if isinstance(found, list):
         return any(d.get("available", True) for d in found)
     return bool(found)
-
-
-def gpu_archs(backend: str, devices: Mapping[str, Any]) -> list[str]:
-    """The architectures a ``backend`` build compiles for: those of the GPUs present (CUDA ``89``, ROCm
-    ``gfx1100``)."""
-    kind = {"cuda": "nvidia_gpu", "rocm": "amd_gpu"}.get(backend)
-    families = [g.get("family") for g in devices.get(kind or "", [])]
-    if backend == "cuda":
-        return sorted({f.removeprefix("sm_") for f in families if f})
-    return sorted({f for f in families if f})
 
 
 def _vtuple(version: str) -> tuple[int, ...]:
@@ -330,22 +62,30 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _required_min(distribution: str, extra: str | None) -> str | None:
-    """The lower bound (``>=``, ``==``, ``~=``) lemonkit's installed metadata puts on ``distribution`` for ``extra``."""
+def _own_requirements() -> list[tuple[str, str, str | None]]:
+    """lemonkit's own requirements, from its installed metadata: ``(normalised name, requirement without its
+    marker, the extra it belongs to or None)`` each; none when lemonkit has no metadata."""
     try:
         reqs = importlib.metadata.requires("lemonkit") or []
     except importlib.metadata.PackageNotFoundError:
-        return None
-    want = _norm(distribution)
+        return []
+    found = []
     for req in reqs:
         spec, _, marker = req.partition(";")
-        m = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:\[[^\]]*\])?\s*(.*)", spec)
-        if not m or _norm(m.group(1)) != want:
-            continue
+        m = re.match(r"\s*([A-Za-z0-9._-]+)", spec)
         in_extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
-        if in_extra and in_extra.group(1) != extra:
+        if m:
+            found.append((_norm(m.group(1)), spec.strip(), in_extra.group(1) if in_extra else None))
+    return found
+
+
+def _required_min(distribution: str, extra: str | None) -> str | None:
+    """The lower bound (``>=``, ``==``, ``~=``) lemonkit's installed metadata puts on ``distribution`` for ``extra``
+    (a requirement of no extra counts for every one)."""
+    for name, spec, in_extra in _own_requirements():
+        if name != _norm(distribution) or (in_extra is not None and in_extra != extra):
             continue
-        bound = re.search(r"(?:>=|==|~=)\s*([0-9][^,\s]*)", m.group(2))  # a pin is the oldest usable too
+        bound = re.search(r"(?:>=|==|~=)\s*([0-9][^,\s]*)", spec)  # a pin is the oldest usable too
         if bound:
             return bound.group(1)
     return None
@@ -353,28 +93,16 @@ def _required_min(distribution: str, extra: str | None) -> str | None:
 
 def _lemonkit_requirement(distribution: str, extra: str | None) -> str | None:
     """lemonkit's own requirement string (no marker) for ``distribution`` in ``extra``, e.g. ``x==1.2``."""
-    try:
-        reqs = importlib.metadata.requires("lemonkit") or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for req in reqs:
-        spec, _, marker = req.partition(";")
-        m = re.match(r"\s*([A-Za-z0-9._-]+)", spec)
-        in_extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
-        if m and _norm(m.group(1)) == _norm(distribution) and (in_extra.group(1) if in_extra else None) == extra:
-            return spec.strip()
-    return None
+    return next(
+        (spec for name, spec, in_extra in _own_requirements() if name == _norm(distribution) and in_extra == extra),
+        None,
+    )
 
 
 def lemonkit_requires(distribution: str) -> bool:
     """Whether lemonkit's own installed metadata asks for ``distribution`` (in any extra): a package of the
     server's own installation, which no API call may remove."""
-    try:
-        reqs = importlib.metadata.requires("lemonkit") or []
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    names = {_norm(m.group(1)) for req in reqs if (m := re.match(r"\s*([A-Za-z0-9._-]+)", req))}
-    return _norm(distribution) in names
+    return _norm(distribution) in {name for name, _, _ in _own_requirements()}
 
 
 def install_requirement(spec: Mapping[str, Any]) -> str:
@@ -401,42 +129,6 @@ def refresh_installed() -> None:
     importlib.metadata.MetadataPathFinder().invalidate_caches()
 
 
-def load_recipes(path: str | os.PathLike[str] | None = None) -> dict[str, dict[str, Any]]:
-    """:data:`DEFAULT_RECIPES` with the operator's JSON file at ``path`` merged over it.
-
-    The file has the same shape. A recipe or backend it names that is not in the defaults is added; for
-    one that is, its ``default_backend`` and each backend field it gives replace the default's (``null``
-    removes a field).
-
-    Raises:
-        ValueError: The file is unreadable or not shaped like the table.
-    """
-    recipes = copy.deepcopy(DEFAULT_RECIPES)
-    if not path:
-        return recipes
-    try:
-        with open(path, encoding="utf-8") as f:
-            extra = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"recipes file {path}: {exc}") from None
-    if not isinstance(extra, dict):
-        raise ValueError(f"recipes file {path}: expected a JSON object of recipes")
-    for name, table in extra.items():
-        backends = table.get("backends", {}) if isinstance(table, dict) else None
-        if not isinstance(backends, dict) or not all(isinstance(b, dict) for b in backends.values()):
-            raise ValueError(f"recipes file {path}: {name}: expected {{'backends': {{name: {{...}}}}}}")
-        target = recipes.setdefault(name, {"backends": {}})
-        if table.get("default_backend"):
-            target["default_backend"] = table["default_backend"]
-        for backend, fields in backends.items():
-            args = fields.get("pip_args")
-            if args is not None and not (isinstance(args, list) and all(isinstance(a, str) for a in args)):
-                raise ValueError(f"recipes file {path}: {name}.{backend}.pip_args: expected a list of strings")
-            merged = {**target["backends"].get(backend, {}), **fields}
-            target["backends"][backend] = {k: v for k, v in merged.items() if v is not None}
-    return recipes
-
-
 def install_action(recipe: str, backend: str, *, force: bool = False) -> str:
     """What ``action`` says for a backend lemonkit builds: the request that installs it."""
     body = {"recipe": recipe, "backend": backend, **({"force": True} if force else {})}
@@ -459,7 +151,7 @@ def backend_status(
 
     Args:
         spec: Its row of the recipe table.
-        devices: :func:`detect_devices`.
+        devices: :func:`lemonkit.catalog.hardware.detect_devices`.
         cache_dir: Where builds of llama.cpp backends live (rows with ``build``); ``None``: none are looked for.
         environ: Where a build's prerequisites are looked up (default: this process's environment).
     """
@@ -543,19 +235,6 @@ def _build_status(
     return {"devices": present, "state": "installable", "message": message, "action": action}
 
 
-def _memory(root: Path) -> str:
-    meminfo = _read(root / "proc/meminfo") or ""
-    m = re.search(r"^MemTotal:\s*(\d+)\s*kB", meminfo, re.M)
-    if m:
-        total = int(m.group(1)) * 1024
-    else:
-        try:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            return "Unknown"
-    return f"{total / 1024**3:.1f} GB"
-
-
 def default_llamacpp_backend(backends: Mapping[str, Mapping[str, Any]]) -> str:
     """The best installed llama.cpp backend for this machine's devices: a GPU build whose devices are present
     (CUDA, ROCm, Metal, then Vulkan), else the CPU build. A Vulkan device counts only where ggml uses it, and a
@@ -587,10 +266,11 @@ def system_info(
     """The ``GET /v1/system-info`` body for this machine.
 
     Args:
-        recipes: Recipe table in the :data:`DEFAULT_RECIPES` format (default: that table).
+        recipes: Recipe table in the format of :data:`lemonkit.catalog.recipe_table.DEFAULT_RECIPES` (default:
+            that table).
         root: Filesystem root for ``proc/``/``sys/`` (tests only).
         cache_dir: Where llama.cpp builds live (``Settings.cache_dir``).
-        drivers: What the GPU drivers report (default: asked, see :func:`detect_devices`).
+        drivers: What the GPU drivers report (default: asked, see :func:`lemonkit.catalog.hardware.detect_devices`).
 
     The Windows-only fields of the spec (OEM System, BIOS Version, ...) are left out.
     """
@@ -613,7 +293,7 @@ def system_info(
     return {
         "OS Version": platform.platform(),
         "Processor": devices["cpu"]["name"],
-        "Physical Memory": _memory(root),
+        "Physical Memory": physical_memory(root),
         "devices": devices,
         "recipes": out_recipes,
     }

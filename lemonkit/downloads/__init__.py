@@ -3,6 +3,7 @@
 - :mod:`~lemonkit.downloads.hub_api`: the hub's listing and file metadata, every name it gives checked;
 - :mod:`~lemonkit.downloads.job`: one model's job, its state and progress events;
 - :mod:`~lemonkit.downloads.fetch`: one file fetched, resumed and verified into the cache;
+- :mod:`~lemonkit.downloads.repo_files`: the repo files a pull fetches and a delete removes;
 - :mod:`~lemonkit.downloads.state`: ``downloads.json``, the jobs a server leaves for the next;
 - :mod:`~lemonkit.downloads.variants`, :mod:`~lemonkit.downloads.updates`: ``/v1/pull/variants``, ``update_available``;
 - :mod:`~lemonkit.downloads.downloader`: the jobs of one server, pulls, deletes.

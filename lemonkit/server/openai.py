@@ -19,7 +19,7 @@ from lemonkit.catalog.registry import COLLECTION_OMNI, ModelInfo
 from lemonkit.catalog.support import Support
 from lemonkit.errors import InvalidArgument, LemonkitError, ModelNotApplicable, NotEmbeddingModel, NotFound
 from lemonkit.formats import sse
-from lemonkit.server import provenance, responses
+from lemonkit.server import provenance, response_stream, responses
 from lemonkit.server.handler import LemonkitHandler, error_event
 from lemonkit.server.omni_loop import OmniChat
 from lemonkit.serving.manager import LoadedModel
@@ -160,7 +160,7 @@ class ResponsesHandler(InferenceHandler):
             self.write_json(response)
             return
         upstream = await self.sidecar_request(model, self.sidecar_path, chat)
-        stream = responses.ResponseStream(
+        stream = response_stream.ResponseStream(
             response_id=response_id, created_at=created_at, model=body["model"], request=body
         )
         await self.sse_open()
@@ -170,7 +170,7 @@ class ResponsesHandler(InferenceHandler):
         self,
         model: LoadedModel,
         upstream: httpx.Response,
-        stream: responses.ResponseStream,
+        stream: response_stream.ResponseStream,
         body: dict[str, Any],
         chat: dict[str, Any],
     ) -> AsyncIterator[bytes]:

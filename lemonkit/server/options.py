@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from lemonkit.catalog.model_objects import max_context_window
 from lemonkit.catalog.recipe_options import apply_changes, load_body, parse_changes, resolved_ctx_size
 from lemonkit.catalog.registry import ModelInfo
 from lemonkit.errors import LemonkitError, ModelLoadError, ModelNotFound
@@ -84,7 +85,7 @@ class ModelOptionsHandler(LemonkitHandler):
         resolved = await self.service.manager.options_for(info, saved=entry)
         n_ctx_train = auto_limit = None
         if "ctx_size" in resolved.effective:  # the GGUF header's trained context, else the catalog's figure
-            n_ctx_train = await asyncio.to_thread(self.service.registry.max_context_window, info)
+            n_ctx_train = await asyncio.to_thread(max_context_window, self.service.registry, info)
             auto_limit = await asyncio.to_thread(self._auto_limit, info, resolved.effective)
         return {
             "model_name": model_id,

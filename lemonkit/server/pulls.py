@@ -12,7 +12,8 @@ from typing import Any
 
 from lemonkit.backends.remote import check_hosts
 from lemonkit.catalog.hf_cache import in_allowed_dirs, is_local, local_path
-from lemonkit.catalog.model_info import COLLECTION_OMNI, REMOTE, ModelInfo, check_remote_url, labels_with_flags
+from lemonkit.catalog.model_info import COLLECTION_OMNI, REMOTE, ModelInfo, labels_with_flags
+from lemonkit.catalog.model_rows import check_remote_url
 from lemonkit.downloads import Job, progress_events
 from lemonkit.errors import (
     DownloadError,

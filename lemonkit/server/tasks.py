@@ -27,7 +27,7 @@ from lemonkit.catalog.model_info import a_model_of
 from lemonkit.catalog.registry import ModelInfo
 from lemonkit.errors import BackendError, InvalidArgument, LemonkitError, ModelNotApplicable, ModelNotFound
 from lemonkit.formats import sse
-from lemonkit.formats.schemas import BOOL, OBJ, STR, Arr, Obj, Str
+from lemonkit.formats.schema_nodes import BOOL, OBJ, STR, Arr, Obj, Str
 from lemonkit.server.handler import LemonkitHandler
 from lemonkit.server.openai import ModelRouteHandler
 from lemonkit.server.task_requests import TaskInput, read_task

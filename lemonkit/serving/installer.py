@@ -30,10 +30,9 @@ from typing import Any
 
 from lemonkit.catalog import llamacpp_builds
 from lemonkit.catalog.config import Settings
+from lemonkit.catalog.hardware import detect_devices, gpu_archs
 from lemonkit.catalog.system_info import (
     backend_status,
-    detect_devices,
-    gpu_archs,
     install_requirement,
     lemonkit_requires,
     refresh_installed,

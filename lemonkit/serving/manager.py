@@ -31,6 +31,7 @@ from lemonkit.backends.protocol import NO_STATS, LoadSpec
 from lemonkit.backends.transport import connect
 from lemonkit.catalog import llamacpp_builds
 from lemonkit.catalog.config import Settings
+from lemonkit.catalog.hardware import detect_devices
 from lemonkit.catalog.placement import MiB, context_limit, estimate, host_estimate
 from lemonkit.catalog.recipe_options import (
     AUTO_CTX_SIZE,
@@ -42,7 +43,7 @@ from lemonkit.catalog.recipe_options import (
     resolve_options,
 )
 from lemonkit.catalog.registry import ModelInfo, Registry
-from lemonkit.catalog.system_info import backend_status, detect_devices, llamacpp_backends
+from lemonkit.catalog.system_info import backend_status, llamacpp_backends
 from lemonkit.errors import (
     BackendNotInstalled,
     BackendUnavailable,

@@ -13,10 +13,10 @@ import pytest
 from lemonkit.backends.remote import Endpoint, RemoteTransport, Upstream, check_hosts, host_allowed, map_error
 from lemonkit.backends.remote import read_api_key as read_key
 from lemonkit.catalog.config import RemoteSettings
-from lemonkit.catalog.model_info import parse_row
+from lemonkit.catalog.model_rows import parse_row
+from lemonkit.catalog.recipe_table import DEFAULT_RECIPES
 from lemonkit.catalog.registry import Registry
 from lemonkit.catalog.support import SupportPolicy
-from lemonkit.catalog.system_info import DEFAULT_RECIPES
 from lemonkit.errors import Forbidden, ModelLoadError
 from tests.support.fault_upstream import fault_upstream
 from tests.support.llama_cpp_server import free_port

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from lemonkit.catalog import registry as registry_module
+from lemonkit.catalog.recipe_table import DEFAULT_RECIPES, load_recipes
 from lemonkit.catalog.registry import COLLECTION_OMNI, Registry
 from lemonkit.catalog.support import SupportPolicy
-from lemonkit.catalog.system_info import DEFAULT_RECIPES, load_recipes
 from lemonkit.errors import ModelNotSupported
 from tests.support.lemonade_reference import lemonade_catalog, overridden_catalog, reference_path
 from tests.support.paths import REPO

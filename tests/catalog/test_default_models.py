@@ -19,7 +19,7 @@ from lemonkit.catalog.config import (
     default_chat_model,
     default_embedding_model,
 )
-from lemonkit.catalog.model_info import parse_row
+from lemonkit.catalog.model_rows import parse_row
 from lemonkit.catalog.registry import Registry
 from lemonkit.errors import ModelLoadError
 from lemonkit.formats.gguf_header import gguf_has_key

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from lemonkit.catalog import system_info as si
-from lemonkit.catalog.system_info import DEFAULT_RECIPES, backend_status, detect_devices, system_info
+from lemonkit.catalog.hardware import detect_devices
+from lemonkit.catalog.recipe_table import DEFAULT_RECIPES, load_recipes
+from lemonkit.catalog.system_info import backend_status, system_info
 
 CPUINFO = "".join(
     f"processor\t: {n}\nmodel name\t: Fake CPU 9000\nphysical id\t: {n // 4}\ncore id\t\t: {n % 4 // 2}\n\n"
@@ -260,17 +262,17 @@ def test_operator_recipes_merge_over_the_defaults(tmp_path: Path) -> None:
             }
         )
     )
-    recipes = si.load_recipes(path)
+    recipes = load_recipes(path)
     cpu = recipes["llamacpp"]["backends"]["cpu"]
     assert cpu["pip_args"] == ["--extra-index-url", "https://wheels"] and "extra" not in cpu  # null removes
     assert cpu["distribution"] == "llama-cpp-python" and set(recipes["llamacpp"]["backends"]) >= {"vulkan", "metal"}
     assert recipes["speech"]["default_backend"] == "cpu"
     assert "speech" not in DEFAULT_RECIPES and "pip_args" not in DEFAULT_RECIPES["llamacpp"]["backends"]["cpu"]
-    assert si.load_recipes(None) == DEFAULT_RECIPES
+    assert load_recipes(None) == DEFAULT_RECIPES
     for bad in ("[1]", '{"x": {"backends": [1]}}', "{not json", '{"x": {"backends": {"y": {"pip_args": "-U"}}}}'):
         path.write_text(bad)
         with pytest.raises(ValueError, match="recipes file"):
-            si.load_recipes(path)
+            load_recipes(path)
 
 
 def test_install_requirement() -> None:

@@ -14,7 +14,8 @@ from openai.types.responses import FunctionTool, Response, ResponseStreamEvent
 
 from lemonkit.errors import BackendError
 from lemonkit.formats.schemas import validate
-from lemonkit.server.responses import ResponseStream, from_chat_completion, to_chat_request
+from lemonkit.server.response_stream import ResponseStream
+from lemonkit.server.responses import from_chat_completion, to_chat_request
 
 EVENTS: pydantic.TypeAdapter[ResponseStreamEvent] = pydantic.TypeAdapter(ResponseStreamEvent)
 TIMINGS = {"cache_n": 14, "prompt_n": 1, "prompt_ms": 13.3, "predicted_n": 179, "predicted_ms": 1827.5}
