@@ -20,7 +20,7 @@ from lemonkit.formats.files import atomic_write_json
 
 __all__ = ["SavedOptions", "WatchedJson"]
 
-log = logging.getLogger("lemonkit.catalog.registry")  # the registry's files: their errors are the registry's
+log = logging.getLogger("lemonkit.registry")  # the registry's files: their errors are the registry's (its log tag)
 
 _NEVER_READ = (-1, -1, -1)
 
