@@ -1,12 +1,12 @@
 """The ``remote`` recipe: a model another server serves (vLLM, SGLang, llama-server, Ollama, KServe, Ray Serve,
 another lemonkit), reached over its OpenAI-compatible API.
 
-A loaded remote model is a :class:`~lemonkit.serving.manager.LoadedModel` without a sidecar process: its ``client`` is
-an ``httpx.AsyncClient`` whose :class:`RemoteTransport` answers the sidecar's routes by forwarding them upstream, so
-every handler serves it exactly as it serves a local model. The transport rewrites the body's ``model`` to the
-upstream's id, adds the upstream's key, balances requests across the model's URLs (round-robin), fails over to the
-next URL when one cannot be reached before it answered anything (a stream that started is never replayed), and
-turns every upstream error into lemonkit's ``{"error": {message, type, code}}``.
+A loaded remote model is a :class:`~lemonkit.serving.loaded_model.LoadedModel` without a sidecar process: its
+``client`` is an ``httpx.AsyncClient`` whose :class:`RemoteTransport` answers the sidecar's routes by forwarding
+them upstream, so every handler serves it exactly as it serves a local model. The transport rewrites the body's
+``model`` to the upstream's id, adds the upstream's key, balances requests across the model's URLs (round-robin),
+fails over to the next URL when one cannot be reached before it answered anything (a stream that started is never
+replayed), and turns every upstream error into lemonkit's ``{"error": {message, type, code}}``.
 
 Nothing here runs in a sidecar: this module lives in the server process and only does network IO on its loop.
 """

@@ -1,6 +1,6 @@
 """The sidecar process: one engine, one model, an ASGI app under uvicorn.
 
-Started by :mod:`lemonkit.serving.manager` as ``python -m lemonkit.backends.sidecar
+Started by :mod:`lemonkit.serving.sidecar_processes` as ``python -m lemonkit.backends.sidecar
 --socket PATH``; the :class:`~lemonkit.backends.protocol.LoadSpec` arrives as one
 JSON line on stdin. The process prints one JSON line on stdout when it is ready
 to serve (or failed to load), and exits when its stdin closes, so a dead parent

@@ -71,38 +71,43 @@ DEFAULT_IMAGE_MODEL = "SD-Turbo"
 DEFAULT_UPSCALE_MODEL = "RealESRGAN-x4plus"
 
 
+def _named(variable: str, default: str) -> str:
+    """The model the environment variable ``variable`` names, else ``default``."""
+    return os.environ.get(variable, "").strip() or default
+
+
 def default_chat_model() -> str:
     """The chat model used when none is named: ``LEMONKIT_DEFAULT_CHAT_MODEL``, else :data:`DEFAULT_CHAT_MODEL`."""
-    return os.environ.get("LEMONKIT_DEFAULT_CHAT_MODEL", "").strip() or DEFAULT_CHAT_MODEL
+    return _named("LEMONKIT_DEFAULT_CHAT_MODEL", DEFAULT_CHAT_MODEL)
 
 
 def default_embedding_model() -> str:
     """The embedding model used when none is named: ``LEMONKIT_DEFAULT_EMBEDDING_MODEL``, else
     :data:`DEFAULT_EMBEDDING_MODEL`."""
-    return os.environ.get("LEMONKIT_DEFAULT_EMBEDDING_MODEL", "").strip() or DEFAULT_EMBEDDING_MODEL
+    return _named("LEMONKIT_DEFAULT_EMBEDDING_MODEL", DEFAULT_EMBEDDING_MODEL)
 
 
 def default_transcription_model() -> str:
     """The speech-to-text model used when none is named: ``LEMONKIT_DEFAULT_TRANSCRIPTION_MODEL``, else
     :data:`DEFAULT_TRANSCRIPTION_MODEL`."""
-    return os.environ.get("LEMONKIT_DEFAULT_TRANSCRIPTION_MODEL", "").strip() or DEFAULT_TRANSCRIPTION_MODEL
+    return _named("LEMONKIT_DEFAULT_TRANSCRIPTION_MODEL", DEFAULT_TRANSCRIPTION_MODEL)
 
 
 def default_image_model() -> str:
     """The image generation model used when none is named: ``LEMONKIT_DEFAULT_IMAGE_MODEL``, else
     :data:`DEFAULT_IMAGE_MODEL`."""
-    return os.environ.get("LEMONKIT_DEFAULT_IMAGE_MODEL", "").strip() or DEFAULT_IMAGE_MODEL
+    return _named("LEMONKIT_DEFAULT_IMAGE_MODEL", DEFAULT_IMAGE_MODEL)
 
 
 def default_speech_model() -> str:
     """The text-to-speech model used when none is named: ``LEMONKIT_DEFAULT_SPEECH_MODEL``, else
     :data:`DEFAULT_SPEECH_MODEL`."""
-    return os.environ.get("LEMONKIT_DEFAULT_SPEECH_MODEL", "").strip() or DEFAULT_SPEECH_MODEL
+    return _named("LEMONKIT_DEFAULT_SPEECH_MODEL", DEFAULT_SPEECH_MODEL)
 
 
 def default_upscale_model() -> str:
     """The upscaler used when none is named: ``LEMONKIT_DEFAULT_UPSCALE_MODEL``, else :data:`DEFAULT_UPSCALE_MODEL`."""
-    return os.environ.get("LEMONKIT_DEFAULT_UPSCALE_MODEL", "").strip() or DEFAULT_UPSCALE_MODEL
+    return _named("LEMONKIT_DEFAULT_UPSCALE_MODEL", DEFAULT_UPSCALE_MODEL)
 
 
 def _default_cache_dir() -> Path:

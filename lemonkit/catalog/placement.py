@@ -117,7 +117,7 @@ def host_estimate(
         layout: A llama.cpp model's layout: on the CPU its KV cache and compute buffers count too.
         on_gpu: A llama.cpp model loaded to offload its layers: the host keeps what llama.cpp leaves on the CPU
             (the input embedding, a projector) and the device holds the rest, which
-            :meth:`lemonkit.serving.manager.ModelManager` places apart.
+            :class:`lemonkit.serving.memory.Evictor` places apart.
         n_ctx, n_ubatch, type_k, type_v: As for :func:`estimate`.
         cache_ram: The bytes its prompt cache may take in host memory besides (``--cache-ram``).
     """

@@ -25,7 +25,7 @@ from lemonkit.errors import InvalidArgument, LemonkitError, MissingArgument, Mod
 from lemonkit.formats import schemas, sse
 from lemonkit.server.chat_stream import ChatStream, Piece
 from lemonkit.server.handler import LemonkitHandler, as_lemonkit_error
-from lemonkit.serving.manager import LoadedModel
+from lemonkit.serving.loaded_model import LoadedModel
 
 __all__ = ["CountTokensHandler", "MessagesHandler", "chat_request"]
 

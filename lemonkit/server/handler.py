@@ -39,7 +39,7 @@ from lemonkit.server.service import SETTINGS_KEY, Service
 from lemonkit.serving.caller import OWNER, Caller, current
 
 if TYPE_CHECKING:
-    from lemonkit.serving.manager import LoadedModel
+    from lemonkit.serving.loaded_model import LoadedModel
 
     _Base = web.RequestHandler
     _WebSocketBase = websocket.WebSocketHandler

@@ -16,7 +16,7 @@ from lemonkit.catalog.registry import ModelInfo
 from lemonkit.errors import InvalidArgument, InvalidRequest, MissingArgument, ModelNotApplicable
 from lemonkit.formats import schemas
 from lemonkit.server.openai import InferenceHandler, ModelRouteHandler
-from lemonkit.serving.manager import LoadedModel
+from lemonkit.serving.loaded_model import LoadedModel
 
 __all__ = ["ImageEditHandler", "ImageGenerationHandler", "ImageVariationHandler", "form_fields"]
 

@@ -22,7 +22,7 @@ from lemonkit.formats import sse
 from lemonkit.server import provenance, response_stream, responses
 from lemonkit.server.handler import LemonkitHandler, error_event
 from lemonkit.server.omni_loop import OmniChat
-from lemonkit.serving.manager import LoadedModel
+from lemonkit.serving.loaded_model import LoadedModel
 
 __all__ = [
     "ChatCompletionsHandler",

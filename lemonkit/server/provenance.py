@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lemonkit._version import __version__
-from lemonkit.serving.manager import LoadedModel
+from lemonkit.serving.loaded_model import LoadedModel
 
 __all__ = ["HEADER", "header_value"]
 

@@ -20,7 +20,7 @@ from lemonkit.catalog import config
 from lemonkit.formats.health import loaded_model
 from lemonkit.server.handler import LemonkitHandler
 from lemonkit.server.openai import InferenceHandler, ModelRouteHandler
-from lemonkit.serving.manager import LoadedModel
+from lemonkit.serving.loaded_model import LoadedModel
 
 __all__ = ["SpeechHandler", "SpeechModelsHandler", "VoicesHandler"]
 

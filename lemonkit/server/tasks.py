@@ -31,7 +31,7 @@ from lemonkit.formats.schema_nodes import BOOL, OBJ, STR, Arr, Obj, Str
 from lemonkit.server.handler import LemonkitHandler
 from lemonkit.server.openai import ModelRouteHandler
 from lemonkit.server.task_requests import TaskInput, read_task
-from lemonkit.serving.manager import LoadedModel
+from lemonkit.serving.loaded_model import LoadedModel
 
 __all__ = [
     "TaskBatchHandler",

@@ -28,7 +28,7 @@ from lemonkit.formats.audio_codec import WHISPER_RATE
 from lemonkit.formats.subtitles import to_srt, to_vtt
 from lemonkit.server.handler import error_event
 from lemonkit.server.openai import InferenceHandler
-from lemonkit.serving.manager import LoadedModel
+from lemonkit.serving.loaded_model import LoadedModel
 
 __all__ = [
     "AlignmentHandler",

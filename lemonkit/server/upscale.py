@@ -18,7 +18,7 @@ from lemonkit.catalog.registry import ModelInfo
 from lemonkit.errors import ModelNotApplicable
 from lemonkit.formats.bodies import decode_base64
 from lemonkit.server.openai import ModelRouteHandler
-from lemonkit.serving.manager import LoadedModel
+from lemonkit.serving.loaded_model import LoadedModel
 
 __all__ = ["UPSCALING_RECIPES", "UpscaleHandler", "decode_base64"]
 

@@ -15,7 +15,7 @@ from lemonkit.catalog.hf_cache import safe_relpath
 from lemonkit.errors import BackendError, InvalidArgument, MissingArgument, error_from_body
 from lemonkit.formats.health import loaded_model
 from lemonkit.server.openai import InferenceHandler, ModelRouteHandler
-from lemonkit.serving.manager import LoadedModel
+from lemonkit.serving.loaded_model import LoadedModel
 
 __all__ = ["DetokenizeHandler", "PropsHandler", "SlotActionHandler", "SlotsHandler", "TokenizeHandler"]
 

@@ -40,7 +40,8 @@ from lemonkit.catalog.system_info import (
 )
 from lemonkit.errors import BackendUnsupported, InstallError, InvalidArgument, PrerequisitesMissing
 from lemonkit.serving import log_store
-from lemonkit.serving.manager import LoadedModel, ModelManager
+from lemonkit.serving.loaded_model import LoadedModel
+from lemonkit.serving.manager import ModelManager
 
 __all__ = ["Installer"]
 

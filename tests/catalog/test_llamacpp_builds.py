@@ -259,6 +259,8 @@ def test_host_memory_of_a_sidecar(tmp_path: Path) -> None:
     assert on_gpu == PROCESS_BYTES + (size - layout.weight_bytes) + layout.other_bytes
     assert on_gpu < host_estimate(size, layout, n_ctx=512)
     assert host_estimate(size + 1000, layout, on_gpu=True, n_ctx=512) == on_gpu + 1000
+    # a RAM prompt cache (--cache-ram) counts its bound on top
+    assert host_estimate(size, layout, n_ctx=512, cache_ram=2**20) == cpu + 2**20
 
 
 def test_an_automatic_context_fills_a_quarter_of_the_memory_with_kv_cache() -> None:

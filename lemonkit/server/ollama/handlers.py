@@ -31,7 +31,7 @@ from lemonkit.server.ollama.translate import (
     parse_keep_alive,
 )
 from lemonkit.server.openai import embedding_dimensions
-from lemonkit.serving.manager import LoadedModel
+from lemonkit.serving.loaded_model import LoadedModel
 
 
 def _check_positive(value: Any, field: str, expected: str) -> None:
