@@ -88,11 +88,22 @@ def _split(value: str) -> list[float]:
     return parts
 
 
-def _natural(value: str) -> int:
-    n = int(value)
-    if n < 0:
-        raise ValueError("0 or more")
-    return n
+def _at_least(floor: int, meaning: str) -> Callable[[str], int]:
+    """An integer flag's converter: ``floor`` or more, ``meaning`` saying what the values are when it is not."""
+
+    def convert(value: str) -> int:
+        n = int(value)
+        if n < floor:
+            raise ValueError(meaning)
+        return n
+
+    return convert
+
+
+_natural = _at_least(0, "0 or more")
+_positive = _at_least(1, "1 or more")
+_budget = _at_least(-1, "-1 (no limit), 0 (no reasoning) or a number of tokens")
+_mebibytes = _at_least(-1, "MiB: -1 (no limit), 0 (off) or a size")
 
 
 def _on_off(value: str) -> bool:
@@ -104,31 +115,10 @@ def _on_off(value: str) -> bool:
     raise ValueError("on, off or auto")
 
 
-def _budget(value: str) -> int:
-    n = int(value)
-    if n < -1:
-        raise ValueError("-1 (no limit), 0 (no reasoning) or a number of tokens")
-    return n
-
-
-def _positive(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise ValueError("1 or more")
-    return n
-
-
 def _spec_type(value: str) -> str:
     if value not in ("none", "ngram-simple"):
         raise ValueError("none or ngram-simple (drafts from the sequence's own n-grams; draft models come later)")
     return value
-
-
-def _mebibytes(value: str) -> int:
-    n = int(value)
-    if n < -1:
-        raise ValueError("MiB: -1 (no limit), 0 (off) or a size")
-    return n
 
 
 _VALUE_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {}
