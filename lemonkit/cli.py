@@ -72,7 +72,7 @@ def chat_demo_body(model: str, question: str) -> dict[str, Any]:
     return {
         "model": model,
         "messages": [{"role": "user", "content": question}],
-        "max_tokens": 256,
+        "max_tokens": 512,  # room for a whole answer: on some CPUs greedy SmolLM2 takes more than 256 tokens here
         "temperature": 0,
         "stream": True,
     }
