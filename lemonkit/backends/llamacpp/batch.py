@@ -459,7 +459,8 @@ class Batcher:
         assert self.cache is not None
         entry, shared = self.cache.best(tokens)
         better = entry is not None and shared > prefix and shared >= SIMILARITY * len(tokens)
-        if better or prefix < len(slot.tokens):
+        # a turn that keeps most of the slot (a conversation going on) is not worth a copy of its whole state
+        if better or 2 * prefix < len(slot.tokens):
             self._save(slot)
         if not better or entry is None:
             return prefix
