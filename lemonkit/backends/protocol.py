@@ -56,6 +56,7 @@ class LoadSpec(TypedDict, total=False):
     type: str  # "llm" | "embedding" | "reranking" | ...
     model_path: str
     mmproj_path: str | None
+    draft_path: str | None  # a draft model for speculative decoding (-md, the "draft" checkpoint, a companion)
     chat_format: str | None
     options: dict[str, Any]  # resolved recipe options: ctx_size, llamacpp_args, ...
     device_budget: int | None  # bytes of device memory the model may take (the manager's placement), if capped

@@ -15,15 +15,16 @@ from typing import Any
 
 from lemonkit.errors import InvalidArgument
 
-__all__ = ["FORBIDDEN_LLAMACPP_FLAGS", "merge_llamacpp_args", "parse_llamacpp_args"]
+__all__ = ["FORBIDDEN_LLAMACPP_FLAGS", "SPEC_TYPES", "merge_llamacpp_args", "parse_llamacpp_args"]
 
 #: Flags lemonkit sets itself, with llama.cpp's aliases of each (the spec's list for ``POST /v1/load`` and what
-#: Lemonade reserves). The model and its companions (mmproj, draft model, LoRA, template file) come from the
-#: registry: a request naming them would also make the server read a file of the client's choosing.
+#: Lemonade reserves). The model and its companions (mmproj, LoRA, template file) come from the registry: a request
+#: naming them would also make the server read a file of the client's choosing. A draft model (``-md``) is named as
+#: a registered model, never as a path (see :func:`_draft_model`).
 # fmt: off
 FORBIDDEN_LLAMACPP_FLAGS = frozenset({
-    "-m", "--model", "-mm", "--mmproj", "-mmu", "--mmproj-url", "-md", "--model-draft", "--spec-draft-model",
-    "--lora", "--chat-template-file",
+    "-m", "--model", "-mm", "--mmproj", "-mmu", "--mmproj-url", "-mdu", "--model-draft-url", "--lora",
+    "--chat-template-file",
     "--port", "--host", "-c", "--ctx-size", "--jinja", "--no-jinja",
     "--embeddings", "--embedding", "--reranking", "--rerank",
 })
@@ -115,10 +116,34 @@ def _on_off(value: str) -> bool:
     raise ValueError("on, off or auto")
 
 
-def _spec_type(value: str) -> str:
-    if value not in ("none", "ngram-simple"):
-        raise ValueError("none or ngram-simple (drafts from the sequence's own n-grams; draft models come later)")
+#: ``--spec-type`` values lemonkit speculates with (:mod:`lemonkit.backends.llamacpp.drafts`); a comma list tries
+#: them in order, as llama-server does
+SPEC_TYPES = ("none", "ngram-simple", "ngram-mod", "draft-simple")
+
+
+def _spec_type(value: str) -> tuple[str, ...]:
+    kinds = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    unknown = [k for k in kinds if k not in SPEC_TYPES]
+    if not kinds or unknown:
+        raise ValueError(
+            "none, or ngram-simple, ngram-mod and draft-simple separated by commas (the sequence's own n-grams, a "
+            "pool the model's slots share, a draft model); MTP, EAGLE3 and DFlash heads are not served by lemonkit"
+        )
+    return () if kinds == ("none",) else tuple(k for k in kinds if k != "none")
+
+
+def _draft_model(value: str) -> str:
+    """``-md``: the draft model as a registered model's name (its main checkpoint is loaded beside the target)."""
+    if not value or "/" in value or "\\" in value or value.endswith(".gguf"):
+        raise ValueError("the name of a registered model (GET /v1/models lists them), not a file path")
     return value
+
+
+def _probability(value: str) -> float:
+    p = float(value)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError("a probability from 0 to 1")
+    return p
 
 
 _VALUE_FLAGS: dict[str, tuple[str, Callable[[str], Any]]] = {}
@@ -148,10 +173,16 @@ for _names, _key, _conv in (
     (("--reasoning-budget",), "reasoning_budget", _budget),
     (("-np", "--parallel"), "n_parallel", int),  # requests generated together (continuous batching)
     (("-cram", "--cache-ram"), "cache_ram", _mebibytes),  # host RAM for prompts evicted from the slots
-    # speculative decoding: drafts from the sequence's own n-grams (lemonkit.backends.llamacpp.drafts)
+    # speculative decoding (lemonkit.backends.llamacpp.drafts): llama-server's current spellings and its older ones
     (("--spec-type",), "spec_type", _spec_type),
-    (("--draft-max", "--draft", "--draft-n"), "draft_max", _positive),
-    (("--draft-min", "--draft-n-min"), "draft_min", _natural),
+    (("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n"), "draft_max", _positive),
+    (("--spec-draft-n-min", "--draft-min", "--draft-n-min"), "draft_min", _natural),
+    (("--spec-draft-p-min", "--draft-p-min"), "draft_p_min", _probability),
+    (("-md", "--model-draft", "--spec-draft-model"), "model_draft", _draft_model),
+    (("--spec-ngram-simple-size-n", "--spec-ngram-size-n"), "ngram_n", _positive),
+    (("--spec-ngram-mod-n-match",), "ngram_mod_match", _positive),
+    (("--spec-ngram-mod-n-min",), "ngram_mod_min", _natural),
+    (("--spec-ngram-mod-n-max",), "ngram_mod_max", _positive),
     (("-lm", "--load-mode"), "load_mode", _load_mode),  # llama-server's successor of --[no-]mmap and --mlock
     # offload: llama.cpp builds with a GPU backend (lemonkit.catalog.llamacpp_builds); the CPU build has nothing to
     # offload to

@@ -23,10 +23,11 @@ from lemonkit.catalog.model_info import ModelInfo, ResolvedFiles
 from lemonkit.catalog.recipe_options import RECIPE_OPTIONS, is_unset
 from lemonkit.catalog.registry import Registry
 from lemonkit.catalog.system_info import backend_status
-from lemonkit.errors import BackendNotInstalled, InvalidArgument, ModelLoadRefused
+from lemonkit.errors import BackendNotInstalled, InvalidArgument, ModelLoadRefused, ModelNotFound
+from lemonkit.formats.llamacpp_args import parse_llamacpp_args
 from lemonkit.serving.memory import auto_context_limit, host_need
 
-__all__ = ["LoadPlan", "check_backend", "llamacpp_build", "plan_load", "replace_options", "set_pin"]
+__all__ = ["LoadPlan", "check_backend", "draft_file", "llamacpp_build", "plan_load", "replace_options", "set_pin"]
 
 
 async def check_backend(settings: Settings, recipe: str, backend: str, *, installed: bool) -> None:
@@ -80,8 +81,10 @@ async def plan_load(settings: Settings, registry: Registry, info: ModelInfo, opt
     if info.recipe == "llamacpp":
         await asyncio.to_thread(_check_gguf, files.main)
         auto_limit = await asyncio.to_thread(auto_context_limit, settings, files.main, options)
+    draft = await asyncio.to_thread(draft_file, registry, info, files, options) if info.recipe == "llamacpp" else None
+    others = [files.mmproj, *files.extra.values()]
     host_bytes = await asyncio.to_thread(
-        host_need, info, files.main, [files.mmproj, *files.extra.values()], options, auto_limit
+        host_need, info, files.main, [*others, draft] if draft not in others else others, options, auto_limit
     )
     spec: LoadSpec = {
         "model_name": info.id,
@@ -89,6 +92,7 @@ async def plan_load(settings: Settings, registry: Registry, info: ModelInfo, opt
         "type": info.type,
         "model_path": str(files.main),
         "mmproj_path": str(files.mmproj) if files.mmproj else None,
+        "draft_path": str(draft) if draft else None,
         "chat_format": info.chat_format,
         "options": options,
         "auto_ctx_limit": auto_limit,
@@ -113,6 +117,52 @@ async def llamacpp_build(settings: Settings, options: dict[str, Any]) -> tuple[s
             f'{{"recipe": "llamacpp", "backend": "{backend}"}}'
         )
     return None, None
+
+
+#: labels of rows whose "draft" checkpoint is a head of the target (MTP, DFlash), not a model that drafts alone
+_HEAD_LABELS = frozenset({"mtp", "dflash"})
+
+
+def draft_file(registry: Registry, info: ModelInfo, files: ResolvedFiles, options: dict[str, Any]) -> Path | None:
+    """(Blocking.) The draft model a llama.cpp load speculates with, if any: the registered model ``-md`` names,
+    else the row's ``draft`` checkpoint, else (with ``--spec-type draft-simple``) the one ``*draft*.gguf`` beside the
+    model's file, as Lemonade finds draft companions.
+
+    Raises:
+        InvalidArgument: ``-md`` names no llama.cpp model of the registry, or ``draft-simple`` finds no draft model.
+        ModelLoadError: That model is not downloaded.
+    """
+    args = parse_llamacpp_args(str(options.get("llamacpp_args") or ""))
+    kinds = args.get("spec_type")
+    if info.type != "llm" or kinds == ():
+        return None
+    name = args.get("model_draft")
+    if name is not None:
+        try:
+            other = registry.get(name)
+        except ModelNotFound as exc:
+            raise InvalidArgument(f"llamacpp_args: -md {name}: no such model (GET /v1/models lists them)") from exc
+        if other.recipe != "llamacpp" or other.remote is not None:
+            raise InvalidArgument(f"llamacpp_args: -md {name}: a draft model must be a local llamacpp model")
+        return registry.resolve(other).main
+    wanted = kinds is not None and "draft-simple" in kinds
+    draft = files.extra.get("draft")
+    if draft is not None and (wanted or (kinds is None and not _HEAD_LABELS & set(info.labels))):
+        return draft
+    if not wanted:
+        return None
+    companions = [
+        p
+        for p in sorted(files.main.parent.glob("*.gguf"))
+        if "draft" in p.name.lower() and p != files.main and "mmproj" not in p.name.lower()
+    ]
+    if len(companions) != 1:
+        found = f" ({len(companions)} *draft*.gguf files beside it: name one with -md)" if companions else ""
+        raise InvalidArgument(
+            f"llamacpp_args: --spec-type draft-simple needs a draft model{found}: name one with -md <registered "
+            'model>, give the model a "draft" checkpoint, or put one *draft*.gguf beside its file'
+        )
+    return companions[0]
 
 
 def _check_gguf(path: Path) -> None:

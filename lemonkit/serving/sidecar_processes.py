@@ -29,12 +29,18 @@ from lemonkit.backends.protocol import LoadSpec
 from lemonkit.backends.transport import connect
 from lemonkit.catalog.config import Settings
 from lemonkit.catalog.model_info import ModelInfo
-from lemonkit.errors import BackendUnavailable, ModelLoadError
+from lemonkit.errors import BackendUnavailable, InvalidArgument, LemonkitError, ModelLoadError, ModelLoadRefused
 from lemonkit.formats.generation_metrics import add_totals
 from lemonkit.serving import log_store
 from lemonkit.serving.loaded_model import LoadedModel
 
 __all__ = ["SidecarProcesses"]
+
+#: errors an engine raises at load that are the request's or the registered model's fault, kept as what they are
+_REFUSALS: dict[str, type[LemonkitError]] = {
+    InvalidArgument.code: InvalidArgument,
+    ModelLoadRefused.code: ModelLoadRefused,
+}
 
 log = logging.getLogger("lemonkit.manager")  # the manager's processes: its log
 
@@ -108,6 +114,9 @@ class SidecarProcesses:
                     f'it: POST /v1/install {{"recipe": "{recipe}", "backend": "{backend}"}}'
                     + (' (add "force": true to compile it again)' if recipe == "llamacpp" else "")
                 )
+            refused = _REFUSALS.get(str(error.get("code")))
+            if refused is not None:  # the engine refused the model's files or options: the request's fault, a 400
+                raise refused(f"Failed to load {info.id}: {reason}")
             raise ModelLoadError(f"Failed to load {info.id}: {reason or 'the engine process exited'}")
         self._capture(process.stdout, info.id)  # after the ready line, stdout is engine chatter: keep draining it
         client = connect(socket_path)

@@ -200,7 +200,7 @@ def _write(
 # --------------------------------------------------------------------------- llama (chat)
 
 
-def _llama_vocab() -> _Vocab:
+def _llama_vocab(words: Iterable[str] = WORDS) -> _Vocab:
     vocab = _Vocab()
     vocab.add("<unk>", TokenType.UNKNOWN)
     vocab.add("<s>", TokenType.CONTROL)
@@ -214,7 +214,7 @@ def _llama_vocab() -> _Vocab:
     # of "▁word" must be present for "▁word" to be reachable.
     vocab.extend(["▁", *(c for c in string.printable if not c.isspace())])
     # Bare pieces too, for words glued to punctuation ("<tool_call>", '{"name":').
-    vocab.extend(pre + word[:n] for word in WORDS for pre in ("▁", "") for n in range(1, len(word) + 1))
+    vocab.extend(pre + word[:n] for word in words for pre in ("▁", "") for n in range(1, len(word) + 1))
     return vocab
 
 
@@ -224,6 +224,7 @@ def write_tiny_llama(
     seed: int = 0,
     chat_template: str = CHATML_TEMPLATE,
     special_tokens: Iterable[str] = (),
+    words: Iterable[str] = WORDS,
 ) -> Path:
     """Write a random-weight llama-architecture chat GGUF with a ChatML template; return its path.
 
@@ -235,8 +236,9 @@ def write_tiny_llama(
         special_tokens: Control tokens added to the vocab, as that family's GGUFs have them (``<|channel|>``,
             ``[TOOL_CALLS]``, ...). Unlike the ChatML ones they keep ordinary logits, so a model steered
             through them by a grammar may emit them as one token each.
+        words: The words whose pieces the vocabulary holds (others give a model of another tokenizer).
     """
-    vocab = _llama_vocab()
+    vocab = _llama_vocab(words)
     extra = [t for t in dict.fromkeys(special_tokens) if t not in vocab.ids]
     for token in extra:
         vocab.add(token, TokenType.CONTROL)

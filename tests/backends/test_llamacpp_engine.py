@@ -1069,3 +1069,31 @@ def test_greedy_sampling_picks_what_llama_cpps_greedy_sampler_picks(tiny_path: P
         lc.llama_sampler_free(reference)
         ours.close()
         llm.close()
+
+
+def test_a_grammar_keeps_only_the_draft_tokens_it_allows(tiny_path: Path) -> None:
+    """Speculation under a grammar drafts only what the grammar could accept next, and checking a draft leaves the
+    grammar's own state as it was."""
+    import llama_cpp as lc
+
+    llm = lc.Llama(model_path=str(tiny_path), n_ctx=256, verbose=False)
+    grammar = 'root ::= " red green" ( " blue" )*'  # the tokenizer starts text with a space
+    sampler = SeqSampler(llm, {"temp": 0.0}, 1, grammar, lambda _: False)
+    free = SeqSampler(llm, {"temp": 0.0}, 1, None, lambda _: False)
+
+    def ids(text: str) -> list[int]:
+        return list(llm.tokenize(text.encode(), add_bos=False, special=False))
+
+    try:
+        assert sampler.constrained and not free.constrained
+        allowed = ids("red green blue blue")
+        assert sampler.allowed(allowed) == len(allowed)
+        wrong = ids("red green yes blue")
+        assert sampler.allowed(wrong) == len(ids("red green"))  # cut at the first token it rejects
+        assert sampler.allowed(ids("green")) == 0
+        assert sampler.allowed(allowed) == len(allowed)  # the checks above moved the grammar nowhere
+        assert free.allowed(wrong) == len(wrong)
+    finally:
+        sampler.close()
+        free.close()
+        llm.close()

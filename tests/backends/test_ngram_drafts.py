@@ -1,50 +1,95 @@
-"""n-gram drafts: what the drafter proposes from a sequence's own tokens, and how its draft length adapts."""
+"""n-gram drafts: what a sequence's own index (ngram-simple) and the model's shared pool (ngram-mod) propose, and how
+the draft length adapts."""
 
 from __future__ import annotations
 
-from lemonkit.backends.llamacpp.drafts import MAX_PAUSE, NgramDrafter, SpecSettings
+from lemonkit.backends.llamacpp.drafts import MAX_PAUSE, NgramPool, SeqDrafts, SpecSettings
+
+
+def _draft(drafts: SeqDrafts, fits: int) -> list[int]:
+    """What the batcher drafts for a slot with room for ``fits`` tokens (its floor is --draft-min)."""
+    floor = max(1, drafts.settings.draft_min)
+    n = drafts.pacer.room(fits)
+    draft = drafts.lookup(n) if n >= floor else []
+    return draft if len(draft) >= floor else []
+
+
+def _simple(**settings: int) -> SeqDrafts:
+    return SeqDrafts(SpecSettings(("ngram-simple",), **settings))
 
 
 def test_the_draft_is_what_followed_the_tail_last_time() -> None:
-    drafter = NgramDrafter(SpecSettings("ngram-simple", draft_max=8))
-    drafter.reset([1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3])
-    assert drafter.draft(10) == [4]  # the first draft is one token: the length grows as drafts are accepted
-    drafter.record(1, 1)
-    assert drafter.draft(10) == [4, 5]
-    drafter.record(2, 2)
-    assert drafter.draft(10) == [4, 5, 6, 9]
-    assert drafter.draft(2) == [4, 5]  # never more than the room the batcher gives
-    drafter.extend([7])  # a tail never seen: nothing to draft
-    assert drafter.draft(10) == []
+    drafts = _simple(draft_max=8)
+    drafts.reset([1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3])
+    assert _draft(drafts, 10) == [4]  # the first draft is one token: the length grows as drafts are accepted
+    drafts.record(1, 1)
+    assert _draft(drafts, 10) == [4, 5]
+    drafts.record(2, 2)
+    assert _draft(drafts, 10) == [4, 5, 6, 9]
+    assert _draft(drafts, 2) == [4, 5]  # never more than the room the batcher gives
+    drafts.extend([7])  # a tail never seen: nothing to draft
+    assert _draft(drafts, 10) == []
 
 
 def test_the_latest_occurrence_wins_and_the_tail_never_finds_itself() -> None:
-    drafter = NgramDrafter(SpecSettings("ngram-simple", draft_max=4, draft_min=1))
-    drafter.reset([5, 6, 7, 1, 5, 6, 7, 2, 5, 6, 7])
-    assert drafter.draft(4) == [2]
-    drafter.reset([5, 6, 7])
-    assert drafter.draft(4) == []
+    drafts = _simple(draft_max=4, draft_min=1)
+    drafts.reset([5, 6, 7, 1, 5, 6, 7, 2, 5, 6, 7])
+    assert _draft(drafts, 4) == [2]
+    drafts.reset([5, 6, 7])
+    assert _draft(drafts, 4) == []
 
 
 def test_failing_drafts_pause_longer_and_longer_and_a_success_resumes() -> None:
-    drafter = NgramDrafter(SpecSettings("ngram-simple", draft_max=8))
-    drafter.reset([1, 2, 3, 4, 1, 2, 3])
+    drafts = _simple(draft_max=8)
+    drafts.reset([1, 2, 3, 4, 1, 2, 3])
     pauses = []
     for _ in range(8):
-        drafter.record(1, 0)
+        drafts.record(1, 0)
         waited = 0
-        while not drafter.draft(8):
+        while not _draft(drafts, 8):
             waited += 1
         pauses.append(waited)
     assert pauses[0] == 0 and pauses == sorted(pauses) and pauses[-1] == MAX_PAUSE
-    drafter.record(1, 1)
-    assert drafter.draft(8)  # no pause after an accepted draft
-    drafter.record(4, 2)
-    assert len(drafter.draft(8)) == 3  # one more than the accepted part
+    drafts.record(1, 1)
+    assert _draft(drafts, 8)  # no pause after an accepted draft
+    drafts.record(4, 2)
+    assert len(_draft(drafts, 8)) == 3  # one more than the accepted part
 
 
 def test_draft_min_holds_back_short_drafts() -> None:
-    drafter = NgramDrafter(SpecSettings("ngram-simple", draft_max=8, draft_min=3))
-    drafter.reset([1, 2, 3, 4, 5, 1, 2, 3])
-    assert drafter.draft(2) == []  # less room than the floor
-    assert drafter.draft(8) == [4, 5, 1]
+    drafts = _simple(draft_max=8, draft_min=3)
+    drafts.reset([1, 2, 3, 4, 5, 1, 2, 3])
+    assert _draft(drafts, 2) == []  # less room than the floor
+    assert _draft(drafts, 8) == [4, 5, 1]
+
+
+def test_the_pool_drafts_what_another_sequence_wrote_after_the_same_run() -> None:
+    settings = SpecSettings(("ngram-mod",), draft_max=16, mod_match=3, mod_min=2, mod_max=5)
+    pool = NgramPool(settings.mod_match, settings.mod_min, settings.mod_max)
+    first, second = SeqDrafts(settings, pool), SeqDrafts(settings, pool)
+    first.reset([9, 1, 2, 3, 4, 5, 6, 7, 8])  # a template's answer, written by one slot
+    second.reset([7, 7, 1, 2, 3])  # another slot reaches the template's run
+    assert second.lookup(16) == [4, 5, 6, 7, 8]  # chained lookups, at most --spec-ngram-mod-n-max
+    assert second.lookup(3) == [4, 5, 6]
+    second.extend([4, 5, 6, 7, 8, 0])
+    assert second.lookup(16) == []  # a run nobody wrote
+    alone = SeqDrafts(SpecSettings(("ngram-simple",)))
+    alone.reset([7, 7, 1, 2, 3])
+    assert alone.lookup(16) == []  # its own index has never seen the run
+
+
+def test_the_pool_holds_back_drafts_under_its_minimum_and_starts_over_when_they_keep_failing() -> None:
+    settings = SpecSettings(("ngram-mod",), mod_match=2, mod_min=3, mod_max=8)
+    pool = NgramPool(settings.mod_match, settings.mod_min, settings.mod_max)
+    drafts = SeqDrafts(settings, pool)
+    drafts.reset([1, 2, 3, 4, 9, 1, 2])
+    assert drafts.lookup(8) == [3, 4, 9, 1, 2, 3, 4, 9]
+    drafts.reset([5, 6, 7, 5, 6])
+    assert drafts.lookup(8) == [7, 5, 6, 7, 5, 6, 7, 5]
+    assert drafts.lookup(2) == [7, 5]  # less room than the minimum: the room is the floor
+    drafts.reset([5, 6, 0, 1, 2])
+    assert drafts.lookup(8) == [3, 4, 9, 1, 2, 3, 4, 9]
+    for _ in range(NgramPool.failing_rounds):
+        assert drafts.lookup(8)
+        drafts.record(8, 1)
+    assert drafts.lookup(8) == []  # cleared

@@ -1,6 +1,7 @@
-"""Speculative decoding with n-gram drafts (``--spec-type ngram-simple``): the tokens are those decoding one at a
-time gives (greedy and seeded sampling, alone and beside other streams in one batch, under a grammar), and a
-sequence that repeats itself accepts drafts, which ``timings`` reports."""
+"""Speculative decoding with n-gram drafts (``--spec-type ngram-simple``, ``ngram-mod``) and draft models (``-md``,
+a "draft" checkpoint, a companion GGUF): the tokens are those decoding one at a time gives (greedy and seeded
+sampling, alone and beside other streams in one batch, under a grammar), a sequence that repeats itself accepts
+drafts, which ``timings`` reports, and a draft model of another vocabulary is refused at load."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import httpx
 
 from tests.support.hosts import API_KEY, Host, Standalone
-from tests.support.tiny_models import TINY
+from tests.support.tiny_models import DRAFTED, OTHER_VOCAB, TINY, WITH_COMPANION
 
 SPEC = "--spec-type ngram-simple --draft-max 8"
 #: a prompt whose continuation copies it: a draft-friendly workload
@@ -30,36 +31,36 @@ SCHEMA = {
 }
 
 
-async def _load(client: httpx.AsyncClient, args: str) -> None:
-    await client.post("unload", json={"model_name": TINY})
-    response = await client.post("load", json={"model_name": TINY, "llamacpp_args": f"--parallel 4 {args}"})
+async def _load(client: httpx.AsyncClient, args: str, model: str = TINY) -> None:
+    await client.post("unload", json={"model_name": model})
+    response = await client.post("load", json={"model_name": model, "llamacpp_args": f"--parallel 4 {args}"})
     assert response.status_code == 200, response.text
 
 
-async def _complete(client: httpx.AsyncClient, prompt: str, **fields: Any) -> dict[str, Any]:
-    body = {"model": TINY, "prompt": prompt, "max_tokens": 48, "temperature": 0, **fields}
+async def _complete(client: httpx.AsyncClient, prompt: str, model: str = TINY, **fields: Any) -> dict[str, Any]:
+    body = {"model": model, "prompt": prompt, "max_tokens": 48, "temperature": 0, **fields}
     response = await client.post("completions", json=body)
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
     return answer
 
 
-async def _chat(client: httpx.AsyncClient, text: str) -> dict[str, Any]:
+async def _chat(client: httpx.AsyncClient, text: str, model: str = TINY) -> dict[str, Any]:
     messages = [{"role": "user", "content": text}]
-    body = {"model": TINY, "messages": messages, "max_tokens": 48, "temperature": 0, "response_format": SCHEMA}
+    body = {"model": model, "messages": messages, "max_tokens": 48, "temperature": 0, "response_format": SCHEMA}
     response = await client.post("chat/completions", json=body)
     assert response.status_code == 200, response.text
     answer: dict[str, Any] = response.json()
     return answer
 
 
-async def _workload(client: httpx.AsyncClient) -> dict[str, Any]:
+async def _workload(client: httpx.AsyncClient, model: str = TINY) -> dict[str, Any]:
     """Each prompt alone, then all of them at once with a seeded sampled one and a grammar one beside."""
-    alone = [await _complete(client, p) for p in PROMPTS]
+    alone = [await _complete(client, p, model) for p in PROMPTS]
     together = await asyncio.gather(
-        *(_complete(client, p) for p in PROMPTS),
-        _complete(client, COPY, temperature=0.9, seed=11),
-        _chat(client, "Pick a colour and a number."),
+        *(_complete(client, p, model) for p in PROMPTS),
+        _complete(client, COPY, model, temperature=0.9, seed=11),
+        _chat(client, "Pick a colour and a number.", model),
     )
     return {"alone": alone, "together": list(together)}
 
@@ -77,7 +78,7 @@ async def test_drafts_change_no_token_and_are_accepted_on_a_copying_prompt() -> 
             plain = await _workload(client)
             await _load(client, SPEC)
             drafted = await _workload(client)
-            again = await _complete(client, COPY, temperature=0.9, seed=11)  # the seeded stream, alone this time
+            again = await _complete(client, COPY, TINY, temperature=0.9, seed=11)  # the seeded stream, alone this time
     finally:
         server.stop()
     assert _texts(drafted["alone"]) == _texts(plain["alone"])
@@ -91,9 +92,78 @@ async def test_drafts_change_no_token_and_are_accepted_on_a_copying_prompt() -> 
     assert copying["draft_n"] > 0 and 0 < copying["draft_n_accepted"] <= copying["draft_n"], copying
 
 
+def _same_tokens(drafted: dict[str, Any], plain: dict[str, Any]) -> None:
+    assert _texts(drafted["alone"]) == _texts(plain["alone"])
+    assert _texts(drafted["together"]) == _texts(plain["together"])
+    for spec, base in zip(drafted["alone"] + drafted["together"], plain["alone"] + plain["together"], strict=True):
+        assert spec["usage"]["completion_tokens"] == base["usage"]["completion_tokens"]
+    json.loads(_texts(drafted["together"])[-1])
+
+
+def _drafted(workload: dict[str, Any]) -> tuple[int, int]:
+    answers = workload["alone"] + workload["together"]
+    return sum(a["timings"].get("draft_n", 0) for a in answers), sum(
+        a["timings"].get("draft_n_accepted", 0) for a in answers
+    )
+
+
+async def test_draft_models_and_the_shared_pool_change_no_token() -> None:
+    server = Standalone({"LEMONADE_API_KEY": API_KEY})
+    try:
+        host = Host("standalone", server.root, API_KEY)
+        async with host.client() as client:
+            await _load(client, "")
+            plain = await _workload(client)
+            await _load(client, f"-md {TINY} --draft-p-min 0")  # the model drafts for itself: its drafts are right
+            itself = await _workload(client)
+            await _load(client, f"--spec-type ngram-mod,draft-simple --spec-draft-n-max 6 -md {DRAFTED}")
+            mixed = await _workload(client)
+            await _load(client, "--spec-draft-p-min 0", DRAFTED)  # the row's draft checkpoint: tiny-llama-b
+            checkpoint = await _workload(client, DRAFTED)
+            await _load(client, "--spec-type draft-simple --spec-draft-p-min 0", WITH_COMPANION)
+            companion = await _workload(client, WITH_COMPANION)
+            stats = (await client.get("stats")).json()
+            await client.post("unload", json={"model_name": WITH_COMPANION})
+            await _load(client, "--spec-type ngram-mod --spec-ngram-mod-n-match 3")
+            pooled = await _workload(client)
+    finally:
+        server.stop()
+    for workload in (itself, mixed, checkpoint, companion, pooled):
+        _same_tokens(workload, plain)
+    drafted, accepted = _drafted(itself)
+    assert drafted > 0 and accepted >= 0.9 * drafted, (drafted, accepted)
+    for workload in (mixed, checkpoint, companion, pooled):
+        drafted, accepted = _drafted(workload)
+        assert drafted > 0 and 0 <= accepted <= drafted, (drafted, accepted)
+    # another model's weights draft worse than the target's own
+    assert _drafted(checkpoint)[1] / _drafted(checkpoint)[0] < _drafted(itself)[1] / _drafted(itself)[0]
+    assert _drafted(companion) == _drafted(checkpoint)  # the same two files, found beside the model instead
+    assert stats["draft_n"] > 0 and 0 <= stats["draft_n_accepted"] <= stats["draft_n"], stats
+
+
 async def test_the_flags_are_checked(host: Host) -> None:
     async with host.client() as client:
-        for args, word in (("--spec-type eagle", "ngram-simple"), ("--spec-type ngram-simple --draft-max 0", "1")):
+        for args, word in (
+            ("--spec-type eagle", "ngram-simple"),
+            ("--spec-type draft-mtp", "MTP"),
+            ("--spec-type ngram-simple --draft-max 0", "1"),
+            ("--spec-draft-p-min 1.5", "probability"),
+            ("-md /etc/passwd", "registered model"),
+            ("-md user.no-such-model", "no such model"),
+            ("--spec-type draft-simple", "-md"),  # no draft model: none registered and no companion beside it
+        ):
             refused = await client.post("load", json={"model_name": TINY, "llamacpp_args": args})
             assert refused.status_code == 400, refused.text
-            assert word in refused.json()["error"]["message"]
+            assert word in refused.json()["error"]["message"], (args, refused.text)
+
+
+async def test_a_draft_model_of_another_vocabulary_is_refused_at_load(host: Host) -> None:
+    async with host.client() as client:
+        refused = await client.post("load", json={"model_name": TINY, "llamacpp_args": f"-md {OTHER_VOCAB}"})
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "model_load_refused" and "tokenizer" in error["message"], error
+        health = (await client.get("health")).json()
+        assert TINY not in [m["model_name"] for m in health.get("all_models_loaded", [])]
+        works = await client.post("load", json={"model_name": TINY})  # the server is none the worse
+        assert works.status_code == 200, works.text

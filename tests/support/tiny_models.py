@@ -4,10 +4,23 @@ registered as user models (``user.<name>``) in the session's lemonkit cache, and
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tests.support.session import CACHE_DIR, HF_CACHE
 
-__all__ = ["EMBED", "GEMMA", "RERANK", "TEST_REPO", "TINY", "TINY_B", "VISION", "write_models"]
+__all__ = [
+    "DRAFTED",
+    "EMBED",
+    "GEMMA",
+    "OTHER_VOCAB",
+    "RERANK",
+    "TEST_REPO",
+    "TINY",
+    "TINY_B",
+    "VISION",
+    "WITH_COMPANION",
+    "write_models",
+]
 
 TEST_REPO = "lemonkit-test/tiny-GGUF"
 TINY = "user.tiny-llama"
@@ -15,6 +28,13 @@ TINY_B = "user.tiny-llama-b"
 EMBED = "user.tiny-embed"
 RERANK = "user.tiny-rerank"
 VISION = "user.tiny-vision"
+#: tiny-llama with tiny-llama-b as its "draft" checkpoint
+DRAFTED = "user.tiny-llama-drafted"
+#: tiny-llama in a repo of its own beside a draft companion (tiny-llama-draft.gguf, tiny-llama-b's weights)
+WITH_COMPANION = "user.tiny-llama-companion"
+#: a tiny llama whose vocabulary holds other words: no draft model for the others
+OTHER_VOCAB = "user.tiny-other-vocab"
+COMPANION_REPO = "lemonkit-test/tiny-companion-GGUF"
 #: the bundled Gemma 3 270M (real weights)
 GEMMA = "Gemma-3-270m-GGUF"
 
@@ -22,21 +42,23 @@ GEMMA = "Gemma-3-270m-GGUF"
 def write_models() -> None:
     """Write the tiny models into the session's HF cache and register them (once, when the session starts)."""
     from lemonkit.testing.tiny_gguf import (
+        WORDS,
         write_tiny_bert_embedding,
         write_tiny_bert_reranker,
         write_tiny_llama,
         write_tiny_mmproj,
     )
 
-    snapshot = HF_CACHE / f"models--{TEST_REPO.replace('/', '--')}" / "snapshots" / ("a" * 40)
-    snapshot.mkdir(parents=True)
-    (snapshot.parents[1] / "refs").mkdir()
-    (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
+    snapshot = _snapshot(TEST_REPO)
     write_tiny_llama(snapshot / "tiny-llama.gguf")
     write_tiny_llama(snapshot / "tiny-llama-b.gguf", seed=1)
     write_tiny_bert_embedding(snapshot / "tiny-embed.gguf")
     write_tiny_bert_reranker(snapshot / "tiny-rerank.gguf")
     write_tiny_mmproj(snapshot / "mmproj-tiny.gguf")
+    write_tiny_llama(snapshot / "tiny-other-vocab.gguf", words=[w[::-1] for w in WORDS])
+    companion = _snapshot(COMPANION_REPO)
+    write_tiny_llama(companion / "tiny-llama.gguf")
+    write_tiny_llama(companion / "tiny-llama-draft.gguf", seed=1)
     (snapshot / "not-gguf.gguf").write_bytes(b"<html>this is not a model</html>")
     (snapshot / "broken-gguf.gguf").write_bytes(b"GGUF" + bytes(60))
     CACHE_DIR.mkdir(parents=True)
@@ -51,7 +73,31 @@ def write_models() -> None:
             "recipe": "llamacpp",
             "labels": ["chat", "vision"],
         },
+        "tiny-llama-drafted": {
+            "checkpoints": {"main": f"{TEST_REPO}:tiny-llama.gguf", "draft": f"{TEST_REPO}:tiny-llama-b.gguf"},
+            "recipe": "llamacpp",
+            "labels": ["chat"],
+        },
+        "tiny-llama-companion": {
+            "checkpoint": f"{COMPANION_REPO}:tiny-llama.gguf",
+            "recipe": "llamacpp",
+            "labels": ["chat"],
+        },
+        "tiny-other-vocab": {
+            "checkpoint": f"{TEST_REPO}:tiny-other-vocab.gguf",
+            "recipe": "llamacpp",
+            "labels": ["chat"],
+        },
         "not-gguf": {"checkpoint": f"{TEST_REPO}:not-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
         "broken-gguf": {"checkpoint": f"{TEST_REPO}:broken-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
     }
     (CACHE_DIR / "user_models.json").write_text(json.dumps(entries, indent=2))
+
+
+def _snapshot(repo: str) -> Path:
+    """An empty snapshot of ``repo`` in the session's HF cache, its ``main`` ref pointing at it."""
+    snapshot = HF_CACHE / f"models--{repo.replace('/', '--')}" / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
+    return snapshot

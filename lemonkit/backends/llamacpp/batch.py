@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores, on_cores
-from lemonkit.backends.llamacpp.drafts import NgramDrafter, SpecSettings
+from lemonkit.backends.llamacpp.drafts import NgramPool, SeqDrafts, SpecSettings
 from lemonkit.backends.llamacpp.prompt_cache import PromptCache, common_prefix
 from lemonkit.backends.llamacpp.sampler import SeqSampler
 from lemonkit.backends.llamacpp.step_costs import StepCosts
@@ -44,6 +44,7 @@ from lemonkit.errors import InvalidArgument, SlotBusy
 
 if TYPE_CHECKING:
     from lemonkit.backends.llamacpp.answers import Run
+    from lemonkit.backends.llamacpp.draft_model import DraftModel
     from lemonkit.backends.llamacpp.jobs import Job
     from lemonkit.backends.llamacpp.vision import Vision
 
@@ -102,7 +103,7 @@ class _Slot:
     limit: int = 0  # tokens it may generate
     t_admit: float = 0.0
     idx: int = -1  # its logits row in this step's batch (-1: none)
-    drafter: NgramDrafter | None = None  # with speculative decoding
+    drafts: SeqDrafts | None = None  # with speculative decoding
     draft: list[int] = field(default_factory=list)  # this step's draft, decoded after ``last``
 
 
@@ -153,6 +154,7 @@ class Batcher:
         turn: Entered around every decode: CPU cores for its threads (:mod:`~lemonkit.backends.llamacpp.cpu_turns`).
         cache_ram: Bytes of host memory for prompts evicted from the slots (0: none, negative: no bound).
         spec: Speculative decoding (:mod:`~lemonkit.backends.llamacpp.drafts`); None: none.
+        draft_model: Drafts for ``draft-simple`` (the batcher closes it); None: none.
         retire_seq: With ``spare_seq`` and ``spec``, a sequence id that takes over rejected drafts' cells, so that
             no cell below another sequence's is freed (see :meth:`_retire`).
     """
@@ -171,6 +173,7 @@ class Batcher:
         cache_ram: int = 0,
         spec: SpecSettings | None = None,
         retire_seq: int | None = None,
+        draft_model: DraftModel | None = None,
     ) -> None:
         import llama_cpp as lc
         import numpy as np
@@ -216,9 +219,12 @@ class Batcher:
         self._used = self._threads[0]  # the threads of the last decode
         self.cache = PromptCache(cache_ram) if cache_ram else None
         self._spec = spec if spec is not None and spec.on else None
+        self._draft_model = draft_model if self._spec is not None and self._spec.wants_model else None
         if self._spec is not None:
+            s = self._spec
+            pool = NgramPool(s.mod_match, s.mod_min, s.mod_max) if "ngram-mod" in s.kinds else None
             for slot in self._slots:
-                slot.drafter = NgramDrafter(self._spec)
+                slot.drafts = SeqDrafts(s, pool)
         self._retire_seq = retire_seq if self._spec is not None else None
         self._retired = 0  # cells the retire sequence holds
         self._thread = threading.Thread(target=self._loop, name="llama-decode", daemon=True)
@@ -268,6 +274,8 @@ class Batcher:
             self._cond.notify()
         self._thread.join()
         self._lc.llama_batch_free(self._batch)
+        if self._draft_model is not None:
+            self._draft_model.close()
 
     def save_slot(self, slot_id: int, path: str) -> dict[str, Any]:
         """Write an idle slot's cached prompt (its tokens and K/V) to ``path`` (llama-server's ``action=save``)."""
@@ -444,8 +452,8 @@ class Batcher:
             self._seq_rm(slot.id, 0)
         slot.tokens = tokens[:reuse]
         slot.reusable = True
-        if slot.drafter is not None:
-            slot.drafter.reset(tokens)
+        if slot.drafts is not None:
+            slot.drafts.reset(tokens)
         slot.n_past = reuse
         slot.pending = tokens[reuse:]
         slot.last = -1
@@ -494,8 +502,8 @@ class Batcher:
         assert self._vision is not None  # images are refused at the request without one
         self._seq_rm(slot.id, 0)
         slot.tokens, slot.reusable, slot.pending = [], False, []
-        if slot.drafter is not None:
-            slot.drafter.reset([])  # image positions hold no tokens: drafts come from the output alone
+        if slot.drafts is not None:
+            slot.drafts.reset([])  # image positions hold no tokens: n-gram drafts come from the output alone
         try:
             if self._compact_due:  # mtmd decodes the images itself, not through _decode
                 self._compact()
@@ -622,13 +630,35 @@ class Batcher:
         return True
 
     def _draft(self, generating: list[_Slot]) -> bool:
-        """Give each generating slot whose drafter has one a draft for this step, within the batch's rows, the
-        tokens the slot may still generate and its context; whether any slot got one."""
+        """Give each generating slot that drafts this step a draft, within the batch's rows, the tokens the slot may
+        still generate and its context: its n-gram draft, else the draft model's (one decode for all such slots);
+        a grammar's slot keeps the part its grammar allows. Whether any slot got one."""
         room = self._n_batch - len(generating)
+        floor = max(1, self._spec.draft_min) if self._spec is not None else 1
+        asks: list[tuple[_Slot, int]] = []
         for slot in generating:
+            slot.draft = []
+            drafts = slot.drafts
             fits = min(room, slot.limit - slot.n_gen - 1, self.n_ctx - slot.n_past - 2)
-            slot.draft = slot.drafter.draft(fits) if slot.drafter is not None and fits > 0 else []
-            room -= len(slot.draft)
+            n = drafts.pacer.room(fits) if drafts is not None and fits > 0 else 0
+            if n < floor or drafts is None:
+                continue
+            slot.draft = drafts.lookup(n)
+            if not slot.draft and self._draft_model is not None and slot.reusable:
+                asks.append((slot, n))
+                room -= n  # held for the draft model's answer
+            else:
+                room -= len(slot.draft)
+        if asks:
+            assert self._draft_model is not None and self._spec is not None
+            wants = [(slot.id, [*slot.tokens, slot.last], n) for slot, n in asks]
+            for (slot, _), draft in zip(asks, self._draft_model.draft(wants, self._spec.p_min), strict=True):
+                slot.draft = draft
+        for slot in generating:
+            if slot.draft and slot.sampler is not None and slot.sampler.constrained:
+                slot.draft = slot.draft[: slot.sampler.allowed(slot.draft)]
+            if len(slot.draft) < floor:
+                slot.draft = []
         return any(slot.draft for slot in generating)
 
     def _verify(self, slot: _Slot, rows: list[int]) -> None:
@@ -640,8 +670,8 @@ class Batcher:
         would have sampled there, and the draft after it is dropped.
         """
         draft, slot.draft = slot.draft, []
-        seq, drafter, base = slot.seq, slot.drafter, slot.idx
-        assert seq is not None and drafter is not None
+        seq, drafts, base = slot.seq, slot.drafts, slot.idx
+        assert seq is not None and drafts is not None
         slot.tokens.append(rows[0])
         slot.n_past += 1
         accepted = 0
@@ -657,7 +687,7 @@ class Batcher:
             self._retire(slot.id, slot.n_past)
         seq.run.drafted += len(draft)
         seq.run.accepted += accepted
-        drafter.record(len(draft), accepted)
+        drafts.record(len(draft), accepted)
 
     def _retire(self, seq_id: int, start: int) -> None:
         """Drop positions ``start`` onwards of a sequence after a rejected draft.
@@ -697,8 +727,8 @@ class Batcher:
         seq.run.decode_threads = self._used
         slot.n_gen += 1
         slot.last = token
-        if slot.drafter is not None:
-            slot.drafter.extend([token])
+        if slot.drafts is not None:
+            slot.drafts.extend([token])
         if self._is_eog(token):
             self._end(slot, None)  # the reader stops at the end token
         elif slot.n_gen >= slot.limit or slot.n_past >= self.n_ctx:

@@ -1,22 +1,26 @@
-"""Draft tokens for speculative decoding, from the sequence itself (llama-server's ``--spec-type ngram-simple``).
+"""Draft tokens for speculative decoding: from the sequence itself, from a pool the model's slots share, or from a
+draft model (:mod:`~lemonkit.backends.llamacpp.draft_model`), as llama-server's ``--spec-type`` values
+``ngram-simple``, ``ngram-mod`` and ``draft-simple``.
 
 A sequence that copies (an edit of a given text, fields extracted from a document, a turn quoting an earlier one)
-repeats runs of its own prompt and output. :class:`NgramDrafter` indexes every n-gram of the sequence with the
-position that followed its latest occurrence; when the sequence's last ``n`` tokens were seen before, the tokens
-that followed them then are the draft. The batcher decodes the draft with the sequence's next token in one step and
-keeps the prefix its own sampler agrees with (:mod:`~lemonkit.backends.llamacpp.batch`), so a draft costs a wider
-step and never changes the output.
+repeats runs of its own prompt and output: ``ngram-simple`` (:class:`NgramIndex`) indexes every n-gram of the
+sequence with the position that followed its latest occurrence, and drafts the tokens that followed the sequence's
+tail then. ``ngram-mod`` (:class:`NgramPool`) keeps one table for all the model's sequences, an n-gram's hash to the
+token that followed it last, and drafts by chained lookups: a ``lemonkit.map`` batch shares its template, so each
+sequence drafts what the others wrote there. The batcher decodes a draft with the sequence's next token in one
+step and keeps the prefix its own sampler agrees with (:mod:`~lemonkit.backends.llamacpp.batch`), so a draft costs
+a wider step and never changes the output.
 
-The draft length adapts to what the sequence accepts: it doubles after a draft accepted whole, falls to one more
-than the accepted part otherwise, and a sequence whose drafts keep failing waits longer and longer (up to
-:data:`MAX_PAUSE` steps) before it drafts again, so one that rarely accepts stops paying for drafts.
+The draft length adapts to what the sequence accepts (:class:`Pacer`): it doubles after a draft accepted whole,
+falls to one more than the accepted part otherwise, and a sequence whose drafts keep failing waits longer and longer
+(up to :data:`MAX_PAUSE` steps) before it drafts again, so one that rarely accepts stops paying for drafts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MAX_PAUSE", "NgramDrafter", "SpecSettings"]
+__all__ = ["MAX_PAUSE", "NgramIndex", "NgramPool", "Pacer", "SeqDrafts", "SpecSettings"]
 
 #: the longest wait, in steps, between two drafts of a sequence whose drafts keep failing
 MAX_PAUSE = 32
@@ -24,69 +28,172 @@ MAX_PAUSE = 32
 
 @dataclass(frozen=True)
 class SpecSettings:
-    """How a model speculates (llama-server's flags): ``--spec-type``, ``--draft-max``, ``--draft-min``."""
+    """How a model speculates (llama-server's flags): ``--spec-type`` (tried in order), ``--spec-draft-n-max``,
+    ``--spec-draft-n-min``, ``--spec-draft-p-min`` and the n-gram sizes."""
 
-    kind: str = "none"  # "none" or "ngram-simple"
+    kinds: tuple[str, ...] = ()  # of "ngram-simple", "ngram-mod", "draft-simple"; empty: none
     draft_max: int = 16
     draft_min: int = 0
-    ngram: int = 3  # the length of the run looked up (llama-server's ``--spec-ngram-size-n``)
+    #: a draft model stops drafting at a token it gives less than this probability (llama-server's default)
+    p_min: float = 0.75
+    ngram: int = 3  # the run ngram-simple looks up (``--spec-ngram-simple-size-n``)
+    mod_match: int = 6  # the run ngram-mod keys its table on (``--spec-ngram-mod-n-match``)
+    mod_min: int = 2  # ngram-mod's shortest draft (``--spec-ngram-mod-n-min``)
+    mod_max: int = 64  # and its longest (``--spec-ngram-mod-n-max``)
 
     @property
     def on(self) -> bool:
-        return self.kind != "none"
+        return bool(self.kinds)
+
+    @property
+    def wants_model(self) -> bool:
+        return "draft-simple" in self.kinds
 
 
-class NgramDrafter:
-    """One sequence's n-gram index and draft length."""
+class Pacer:
+    """A sequence's draft length and pause, adapted to what its drafts had accepted."""
 
     def __init__(self, settings: SpecSettings) -> None:
         self.settings = settings
-        self._tokens: list[int] = []
-        self._after: dict[tuple[int, ...], int] = {}  # n-gram -> the position after its latest earlier occurrence
-        self._indexed = 0  # n-grams ending before this position are indexed
-        self._length = max(1, settings.draft_min)
+        self.length = max(1, settings.draft_min)
         self._pause = 0  # steps to wait before the next draft
         self._misses = 0
 
-    def reset(self, tokens: list[int]) -> None:
-        """Start over on a new sequence: its prompt."""
-        self._tokens, self._after, self._indexed = [], {}, 0
-        self._length, self._pause, self._misses = max(1, self.settings.draft_min), 0, 0
-        self.extend(tokens)
+    def reset(self) -> None:
+        self.length, self._pause, self._misses = max(1, self.settings.draft_min), 0, 0
 
-    def extend(self, tokens: list[int]) -> None:
-        """The sequence grew by ``tokens`` (prompt chunks, accepted drafts, sampled tokens)."""
-        self._tokens.extend(tokens)
-        n, seq = self.settings.ngram, self._tokens
-        # an n-gram is indexed once the token after it is known, so the sequence's own tail never finds itself
-        for end in range(max(self._indexed, n), len(seq)):
-            self._after[tuple(seq[end - n : end])] = end
-        self._indexed = max(self._indexed, len(seq))
-
-    def draft(self, room: int) -> list[int]:
-        """Up to ``room`` tokens that followed the sequence's current tail the last time it occurred; none while
-        paused, when the tail is new, or when fewer than ``--draft-min`` would be drafted."""
+    def room(self, fits: int) -> int:
+        """How many tokens to draft this step, ``fits`` at most; 0 while paused (which counts the step)."""
         if self._pause > 0:
             self._pause -= 1
-            return []
-        n = self.settings.ngram
-        if len(self._tokens) < n:
-            return []
-        start = self._after.get(tuple(self._tokens[-n:]))
-        if start is None:
-            return []
-        draft = self._tokens[start : start + min(room, self._length, self.settings.draft_max)]
-        return draft if len(draft) >= max(1, self.settings.draft_min) else []
+            return 0
+        return min(fits, self.length, self.settings.draft_max)
 
     def record(self, drafted: int, accepted: int) -> None:
         """Adapt to how much of a draft of ``drafted`` tokens the sampler accepted."""
         if accepted == drafted:
-            self._length = min(self.settings.draft_max, self._length * 2)
+            self.length = min(self.settings.draft_max, self.length * 2)
             self._misses = 0
             return
-        self._length = max(1, self.settings.draft_min, accepted + 1)
+        self.length = max(1, self.settings.draft_min, accepted + 1)
         if accepted == 0:
             self._misses += 1
             self._pause = min(MAX_PAUSE, 2 ** (self._misses - 1)) if self._misses > 1 else 0
         else:
             self._misses = 0
+
+
+class NgramIndex:
+    """``ngram-simple``: one sequence's n-grams, each with the position after its latest earlier occurrence."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._after: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # n-grams ending before this position are indexed
+
+    def reset(self) -> None:
+        self._after, self._indexed = {}, 0
+
+    def update(self, seq: list[int]) -> None:
+        n = self.n
+        # an n-gram is indexed once the token after it is known, so the sequence's own tail never finds itself
+        for end in range(max(self._indexed, n), len(seq)):
+            self._after[tuple(seq[end - n : end])] = end
+        self._indexed = max(self._indexed, len(seq))
+
+    def draft(self, seq: list[int], room: int) -> list[int]:
+        if len(seq) < self.n:
+            return []
+        start = self._after.get(tuple(seq[-self.n :]))
+        return [] if start is None else seq[start : start + room]
+
+
+class NgramPool:
+    """``ngram-mod``: the hash of every ``n``-token run any sequence of the model wrote, to the token that followed it
+    last. Bounded: it starts over when it holds :attr:`capacity` runs, or when its drafts keep failing."""
+
+    capacity = 1 << 18  # about 40 MB of Python ints at most
+    #: rounds in a row accepting under a quarter of their drafts that clear the pool (llama-server's rule)
+    failing_rounds = 5
+
+    def __init__(self, n: int, n_min: int, n_max: int) -> None:
+        self.n, self.n_min, self.n_max = n, n_min, n_max
+        self._next: dict[int, int] = {}
+        self._failing = 0
+
+    def add(self, seq: list[int], start: int) -> None:
+        """Record the runs of ``seq`` whose following token is at ``start`` or later."""
+        n, table = self.n, self._next
+        if len(table) >= self.capacity:
+            table.clear()
+        for end in range(max(start, n), len(seq)):
+            table[hash(tuple(seq[end - n : end]))] = seq[end]
+
+    def draft(self, seq: list[int], room: int) -> list[int]:
+        n = self.n
+        if len(seq) < n or room <= 0:
+            return []
+        key, out, table = list(seq[-n:]), [], self._next
+        for _ in range(min(room, self.n_max)):
+            token = table.get(hash(tuple(key)))
+            if token is None:
+                break
+            out.append(token)
+            key = [*key[1:], token]
+        return out if len(out) >= min(self.n_min, room) else []
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self._failing = self._failing + 1 if 4 * accepted < drafted else 0
+        if self._failing >= self.failing_rounds:
+            self._next.clear()
+            self._failing = 0
+
+
+class SeqDrafts:
+    """One sequence's n-gram drafts and pace: its own index (``ngram-simple``) and the model's pool (``ngram-mod``),
+    tried in the order ``--spec-type`` names them."""
+
+    def __init__(self, settings: SpecSettings, pool: NgramPool | None = None) -> None:
+        self.settings = settings
+        self.pacer = Pacer(settings)
+        self.tokens: list[int] = []
+        self._index = NgramIndex(settings.ngram) if "ngram-simple" in settings.kinds else None
+        self._pool = pool if "ngram-mod" in settings.kinds else None
+        self._pooled = 0  # tokens given to the pool
+        self.used_pool = False  # the last draft came from the pool
+
+    def reset(self, tokens: list[int]) -> None:
+        """Start over on a new sequence: its prompt."""
+        self.tokens, self._pooled = [], 0
+        self.pacer.reset()
+        if self._index is not None:
+            self._index.reset()
+        self.extend(tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        """The sequence grew by ``tokens`` (its prompt, sampled tokens)."""
+        self.tokens.extend(tokens)
+        if self._index is not None:
+            self._index.update(self.tokens)
+        if self._pool is not None:
+            self._pool.add(self.tokens, self._pooled)
+            self._pooled = len(self.tokens)
+
+    def lookup(self, room: int) -> list[int]:
+        """An n-gram draft of up to ``room`` tokens, or none (then a draft model may draft)."""
+        self.used_pool = False
+        for kind in self.settings.kinds:
+            draft: list[int] = []
+            if kind == "ngram-simple" and self._index is not None:
+                draft = self._index.draft(self.tokens, room)
+            elif kind == "ngram-mod" and self._pool is not None:
+                draft = self._pool.draft(self.tokens, room)
+                self.used_pool = bool(draft)
+            if draft:
+                return draft
+        return []
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.pacer.record(drafted, accepted)
+        if self.used_pool and self._pool is not None:
+            self._pool.record(drafted, accepted)

@@ -40,6 +40,7 @@ from lemonkit.backends.llamacpp.answers import (
 from lemonkit.backends.llamacpp.batch import parallel_context
 from lemonkit.backends.llamacpp.cpu_turns import CpuTurns, Turn, any_cores, on_cores
 from lemonkit.backends.llamacpp.devices import Device, gpu_devices, load_on
+from lemonkit.backends.llamacpp.draft_model import DraftModel
 from lemonkit.backends.llamacpp.drafts import SpecSettings
 from lemonkit.backends.llamacpp.generation import Generator, Sampling, check_arg, top_logprobs
 from lemonkit.backends.llamacpp.jobs import Job
@@ -137,13 +138,7 @@ class LlamaCppEngine:
         self._sampling = Sampling.from_args(args)
         n_parallel = args.pop("n_parallel", DEFAULT_N_PARALLEL)
         cache_ram = args.pop("cache_ram", DEFAULT_CACHE_RAM)
-        draft_max = args.pop("draft_max", SpecSettings.draft_max)
-        speculation = SpecSettings(
-            kind=args.pop("spec_type", "none") if self.kind == "llm" else "none",
-            draft_max=draft_max,
-            draft_min=min(draft_max, args.pop("draft_min", SpecSettings.draft_min)),  # a floor cannot pass the cap
-        )
-        self._speculation = speculation
+        speculation = self._speculation_settings(args, spec.get("draft_path"))
         # sequences beside the slots: one for padding (see kernels), one for rejected drafts' cells (see batch)
         limit = llama_cpp.llama_max_parallel_sequences() - 1 - speculation.on
         if n_parallel < 1 or n_parallel > limit:
@@ -209,6 +204,27 @@ class LlamaCppEngine:
         self._vision = Vision(self._llm, mmproj) if mmproj and self.kind == "llm" else None
         self._turns = _cpu_turns()
         self._turn: Turn = self._turns.turn if self._turns is not None else any_cores
+        draft_model = None
+        if speculation.wants_model:
+            try:
+                with load_on(chosen):
+                    draft_model = DraftModel(
+                        str(spec.get("draft_path")),
+                        target=self._llm,
+                        n_seq=self._n_parallel,
+                        n_ctx=ctx,
+                        n_batch=kwargs["n_batch"],
+                        threads=(threads, kwargs["n_threads_batch"]),
+                        is_eog=functools.partial(_vocab_eog, self._llm._model.vocab),
+                        repack=not amx_cpu(),
+                        turn=self._turn,
+                        n_gpu_layers=self._offload["layers"],
+                    )
+            except BaseException:
+                self._llm.close()
+                if self._turns is not None:
+                    self._turns.close()
+                raise
         self._gen = Generator(
             self._llm,
             self._vision,
@@ -218,10 +234,38 @@ class LlamaCppEngine:
             turn=self._turn,
             cache_ram=cache_ram * 2**20 if cache_ram > 0 else cache_ram,
             spec=speculation,
+            draft_model=draft_model,
         )
         if self.kind == "llm":
             self._gen.preserve(self._chat_format.markers)
         self._gen.context_hint = _context_hint(str(spec.get("model_name") or "the model"), ctx, self.n_ctx_train)
+
+    def _speculation_settings(self, args: dict[str, Any], draft_path: str | None) -> SpecSettings:
+        """``--spec-type`` and its sizes (popped from ``args``); a draft model (``-md``, the registry's draft
+        checkpoint or a companion GGUF, resolved by the server into ``draft_path``) makes ``draft-simple`` the
+        default type, as ``-md`` does in llama-server."""
+        args.pop("model_draft", None)  # the server resolved it into draft_path
+        kinds = args.pop("spec_type", None)
+        if kinds is None:
+            kinds = ("draft-simple",) if draft_path else ()
+        draft_max = args.pop("draft_max", SpecSettings.draft_max)
+        settings = SpecSettings(
+            kinds=kinds if self.kind == "llm" else (),
+            draft_max=draft_max,
+            draft_min=min(draft_max, args.pop("draft_min", SpecSettings.draft_min)),  # a floor cannot pass the cap
+            p_min=args.pop("draft_p_min", SpecSettings.p_min),
+            ngram=args.pop("ngram_n", SpecSettings.ngram),
+            mod_match=args.pop("ngram_mod_match", SpecSettings.mod_match),
+            mod_min=args.pop("ngram_mod_min", SpecSettings.mod_min),
+            mod_max=args.pop("ngram_mod_max", SpecSettings.mod_max),
+        )
+        if settings.wants_model and not draft_path:
+            raise InvalidArgument(
+                "llamacpp_args: --spec-type draft-simple needs a draft model: name one with -md <registered model>, "
+                'give the model a "draft" checkpoint, or put a *draft*.gguf beside its file'
+            )
+        self._speculation = settings
+        return settings
 
     def _placement(
         self, spec: LoadSpec, args: dict[str, Any], path: str, *, ctx: int, n_ubatch: int
@@ -837,6 +881,12 @@ def _tool_mode(choice: Any, tools: ToolSpec | None) -> tuple[str, str | None]:
 
 
 @functools.cache
+def _vocab_eog(vocab: Any, token: int) -> bool:
+    import llama_cpp
+
+    return bool(llama_cpp.llama_vocab_is_eog(vocab, token))
+
+
 def amx_cpu() -> bool:
     """Whether this CPU has AMX (``amx_int8`` in ``/proc/cpuinfo``), where ggml's repacked kernels crash."""
     try:

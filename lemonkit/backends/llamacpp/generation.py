@@ -29,6 +29,7 @@ from lemonkit.errors import InvalidArgument
 from lemonkit.formats.generation_metrics import GenerationTotals
 
 if TYPE_CHECKING:
+    from lemonkit.backends.llamacpp.draft_model import DraftModel
     from lemonkit.backends.llamacpp.vision import Vision
 
 __all__ = ["DEFAULT_SAMPLING", "MAX_TOP_LOGPROBS", "Generator", "Job", "Sampling", "check_arg", "top_logprobs"]
@@ -211,6 +212,7 @@ class Generator:
         turn: Entered around every decode: CPU cores for its threads.
         cache_ram: Bytes of host memory for prompts evicted from the slots (0: none, negative: no bound).
         spec: Speculative decoding; with ``invariant`` the context holds one more sequence for rejected drafts.
+        draft_model: The draft model of ``draft-simple`` (closed with the generator), or None.
     """
 
     def __init__(
@@ -224,6 +226,7 @@ class Generator:
         turn: Turn = any_cores,
         cache_ram: int = 0,
         spec: SpecSettings | None = None,
+        draft_model: DraftModel | None = None,
     ) -> None:
         import llama_cpp
 
@@ -253,6 +256,7 @@ class Generator:
             cache_ram=cache_ram,
             spec=spec,
             retire_seq=n_parallel + 1 if invariant and spec is not None and spec.on else None,
+            draft_model=draft_model,
         )
 
     @property

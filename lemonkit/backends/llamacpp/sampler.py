@@ -124,6 +124,33 @@ class SeqSampler:
         lc.llama_sampler_accept(chain, token)
         return token
 
+    @property
+    def constrained(self) -> bool:
+        """Whether a grammar constrains the output."""
+        return self._grammar is not None
+
+    def allowed(self, draft: list[int]) -> int:
+        """How many of ``draft``'s first tokens the grammar allows from here, in order (a copy of the grammar walks
+        them; this one is left as it is): a grammar's sequence speculates only tokens it could accept."""
+        lc = self._lc
+        if self._grammar is None:
+            return len(draft)
+        walker = lc.llama_sampler_clone(self._grammar)
+        single, one = self._single, self._one
+        try:
+            for i, token in enumerate(draft):
+                if self._is_eog(token):
+                    return i + 1  # generation ends there if the model agrees; nothing follows
+                one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
+                single.data, single.size, single.selected, single.sorted = self._one_ptr, 1, -1, False
+                lc.llama_sampler_apply(walker, ctypes.byref(single))
+                if single.data[0].logit == -math.inf:
+                    return i
+                lc.llama_sampler_accept(walker, token)
+            return len(draft)
+        finally:
+            lc.llama_sampler_free(walker)
+
     def _load_logits(self, ctx: Any, idx: int) -> None:
         # Samplers may repoint ``data`` and shrink ``size``: reset the whole array each time.
         cand, cur = self._cand, self._cur
