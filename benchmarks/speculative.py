@@ -9,11 +9,12 @@ context for every contender; ``llama-server`` is built as ``benchmarks/concurren
 decode: three workloads, each request sent to every contender in turn (rounds interleave them):
     edit (a text to copy with one word changed, ``/v1/completions``), extract (``json_schema`` fields copied from a
     document, ``/v1/chat/completions``) and chat (free generation). Contenders: lemonkit without speculation,
-    lemonkit with ``--spec-type ngram-simple``, llama-server with its defaults, and llama-server with the same
-    speculative flags when its build knows them. Per workload and contender: the engine's decode rate
-    (``timings.predicted_per_second``, which both servers report the same way), the end-to-end rate at the client
-    (completion tokens / the request's wall time) and, with drafts, the share of drafted tokens accepted; ratios
-    against llama-server's defaults.
+    with ``--spec-type ngram-simple``, with ``ngram-mod`` and with ``ngram-simple`` on ggml's fast kernels
+    (``--no-batch-invariant``), llama-server with its defaults, and llama-server with the same speculative flags
+    when its build knows them (no bundled pair of models shares a vocabulary, so draft models are not here). Per
+    workload and contender: the engine's decode rate (``timings.predicted_per_second``, which both servers report
+    the same way), the end-to-end rate at the client (completion tokens / the request's wall time) and, with
+    drafts, the share of drafted tokens accepted; ratios against llama-server's defaults.
 cache: two long contexts alternated in one slot (``--parallel 1``), each asked again with a new last line: the time
     to first token (at the client, streamed) and the prompt tokens evaluated, with ``--cache-ram`` and without
     (both ``--swa-full``: Gemma 3's sliding-window cache keeps too little to continue from an earlier prefix).
@@ -195,19 +196,24 @@ def main() -> None:
     print(f"load averages at start: {_loadavg()}")
     home = _cache_root()
     home.mkdir(parents=True, exist_ok=True)
-    spec = f"--spec-type ngram-simple --draft-max {args.draft_max} --draft-min 0"
+    # llama-server's current spellings, which lemonkit takes too (the old --draft-max is gone from llama-server)
+    sizes = f"--spec-draft-n-max {args.draft_max} --spec-draft-n-min 0"
+    simple = f"--spec-type ngram-simple {sizes}"
+    pooled = f"--spec-type ngram-mod {sizes} --spec-ngram-mod-n-match 6 --spec-ngram-mod-n-min 2"
     if "decode" in sections:
         started: list[tuple[str, Lemonkit]] = []
         servers: list[Contender] = []
         try:
-            for extra in ("", spec):
+            # lemonkit's default kernels are batch-invariant; --no-batch-invariant takes ggml's fast ones, as
+            # llama-server does
+            for extra in ("", simple, pooled, f"--no-batch-invariant {simple}"):
                 lk = Lemonkit(home, args.threads, args.ctx, extra)
                 started.append((f"lemonkit {extra}".strip(), lk))
                 lk.load(1)
             binary = None if args.no_llama_server else llama_server_binary()
             if binary is not None:
                 gguf = started[0][1].model_path()
-                for flags in ([], spec.split()):
+                for flags in ([], simple.split(), pooled.split()):
                     server = _llama_server(binary, gguf, args, flags)
                     if server is None:
                         print(f"llama-server {' '.join(flags)}: this build does not start with these flags")

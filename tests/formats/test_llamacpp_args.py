@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from lemonkit.errors import InvalidArgument
@@ -75,13 +77,45 @@ def test_schema_and_engine_refuse_the_same_flags(flag: str) -> None:
     assert by_schema.value.message == by_parser.value.message == by_merge.value.message == message
 
 
-@pytest.mark.parametrize("flag", ["--model-draft", "-md", "--spec-draft-model", "--lora", "--chat-template-file"])
+@pytest.mark.parametrize("flag", ["--model-draft-url", "-mdu", "--lora", "--chat-template-file"])
 def test_flags_naming_server_files_are_forbidden(flag: str) -> None:
-    # the draft model, like the model and its mmproj, comes from the registry (its `draft` checkpoint), never from a
-    # request: it would name a file on the server
+    # like the model and its mmproj, these come from the registry, never from a request: it would name a file on the
+    # server
     assert flag in FORBIDDEN_LLAMACPP_FLAGS
     with pytest.raises(InvalidArgument, match="is not allowed"):
         validate("load", {"model_name": "m", "llamacpp_args": f"{flag}=/etc/passwd"})
+
+
+@pytest.mark.parametrize("flag", ["--model-draft", "-md", "--spec-draft-model"])
+@pytest.mark.parametrize("value", ["/etc/passwd", "../models/x.gguf", "x.gguf", "C:\\models\\x"])
+def test_a_draft_model_is_named_as_a_registered_model_never_as_a_path(flag: str, value: str) -> None:
+    with pytest.raises(InvalidArgument, match="registered model"):
+        parse_llamacpp_args(f"{flag} {shlex.quote(value)}")
+    assert parse_llamacpp_args(f"{flag} user.tiny-llama") == {"model_draft": "user.tiny-llama"}
+
+
+def test_speculative_flags_take_llama_servers_spellings_old_and_new() -> None:
+    new = parse_llamacpp_args(
+        "--spec-type ngram-mod,draft-simple --spec-draft-n-max 8 --spec-draft-n-min 2 --spec-draft-p-min 0.5 "
+        "--spec-ngram-simple-size-n 4 --spec-ngram-mod-n-match 12 --spec-ngram-mod-n-min 3 --spec-ngram-mod-n-max 32"
+    )
+    assert new == {
+        "spec_type": ("ngram-mod", "draft-simple"),
+        "draft_max": 8,
+        "draft_min": 2,
+        "draft_p_min": 0.5,
+        "ngram_n": 4,
+        "ngram_mod_match": 12,
+        "ngram_mod_min": 3,
+        "ngram_mod_max": 32,
+    }
+    old = parse_llamacpp_args("--spec-type ngram-simple --draft-max 8 --draft-min 2 --draft-p-min 0.5")
+    assert old == {"spec_type": ("ngram-simple",), "draft_max": 8, "draft_min": 2, "draft_p_min": 0.5}
+    assert parse_llamacpp_args("--spec-type none")["spec_type"] == ()
+    assert merge_llamacpp_args("--draft-max 4 -t 2", "--spec-draft-n-max 8") == "-t 2 --spec-draft-n-max 8"
+    for bad in ("--spec-type draft-eagle3", "--spec-type ngram-simple,mystery", "--draft-p-min -0.1"):
+        with pytest.raises(InvalidArgument):
+            parse_llamacpp_args(bad)
 
 
 def test_merge_replaces_flags_by_setting() -> None:

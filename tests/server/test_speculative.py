@@ -167,3 +167,24 @@ async def test_a_draft_model_of_another_vocabulary_is_refused_at_load(host: Host
         assert TINY not in [m["model_name"] for m in health.get("all_models_loaded", [])]
         works = await client.post("load", json={"model_name": TINY})  # the server is none the worse
         assert works.status_code == 200, works.text
+
+
+async def test_speculation_is_switched_on_per_model_by_its_saved_options(host: Host) -> None:
+    async with host.client() as client:
+        try:
+            body = {"model_name": WITH_COMPANION, "llamacpp_args": "--spec-type ngram-simple", "save_options": True}
+            saved = await client.post("load", json=body)
+            assert saved.status_code == 200, saved.text
+            await client.post("unload", json={"model_name": WITH_COMPANION})
+            again = await client.post("load", json={"model_name": WITH_COMPANION})  # no flags: the saved ones
+            assert again.status_code == 200, again.text
+            answer = await _complete(client, COPY, WITH_COMPANION)
+            assert answer["timings"]["draft_n"] > 0, answer["timings"]
+        finally:
+            await client.post("load", json={"model_name": WITH_COMPANION, "save_options": True})  # back to none
+            await client.post("unload", json={"model_name": WITH_COMPANION})
+        plain = await client.post("load", json={"model_name": WITH_COMPANION})
+        assert plain.status_code == 200
+        answer = await _complete(client, COPY, WITH_COMPANION)
+        assert "draft_n" not in answer["timings"], answer["timings"]
+        await client.post("unload", json={"model_name": WITH_COMPANION})
