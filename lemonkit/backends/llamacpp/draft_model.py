@@ -71,7 +71,7 @@ class DraftModel:
         path: The draft GGUF.
         target: The target's ``llama_cpp.Llama`` (for the vocabulary check).
         n_seq: The target's slots.
-        n_ctx: Context positions (the target's: a slot may fill it).
+        n_ctx: Context positions (the target's, with room for drafts: a slot may fill the target's).
         n_batch: Rows per decode.
         threads: llama.cpp's one-token and batch threads.
         is_eog: Whether a token ends generation (a draft stops after it).

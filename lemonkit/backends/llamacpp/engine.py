@@ -212,7 +212,9 @@ class LlamaCppEngine:
                         str(spec.get("draft_path")),
                         target=self._llm,
                         n_seq=self._n_parallel,
-                        n_ctx=ctx,
+                        # room for every slot's draft beyond the target's cells, so a full target leaves no
+                        # draft context to rebuild
+                        n_ctx=ctx + self._n_parallel * (speculation.draft_max + 1),
                         n_batch=kwargs["n_batch"],
                         threads=(threads, kwargs["n_threads_batch"]),
                         is_eog=functools.partial(_vocab_eog, self._llm._model.vocab),
