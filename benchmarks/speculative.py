@@ -90,12 +90,20 @@ def _llama_server(binary: Path, gguf: Path, args: Any, extra: list[str]) -> Cont
     return contender
 
 
-def _requests(model: str, tokens: int) -> dict[str, tuple[str, dict[str, Any]]]:
+#: one per round, so no round is an exact repeat of another: ngram-mod's pool outlives requests, and a request asked
+#: again would copy its own earlier answer from it
+_VARIANTS = (("white", "20931", "a storm"), ("green", "31842", "a whale"), ("red", "42753", "a lost ship"))
+
+
+def _requests(model: str, tokens: int, round_: int = 0) -> dict[str, tuple[str, dict[str, Any]]]:
+    colour, number, topic = _VARIANTS[round_ % len(_VARIANTS)]
     greedy = {"model": model, "max_tokens": tokens, "temperature": 0}
-    extract = [{"role": "user", "content": f"Copy the invoice's fields as JSON.\n\n{DOCUMENT}"}]
-    story = [{"role": "user", "content": "Tell a short story about a lighthouse keeper and a storm."}]
+    edit = EDIT.replace("'white'", f"'{colour}'")
+    document = DOCUMENT.replace("20931", number)
+    extract = [{"role": "user", "content": f"Copy the invoice's fields as JSON.\n\n{document}"}]
+    story = [{"role": "user", "content": f"Tell a short story about a lighthouse keeper and {topic}."}]
     return {
-        "edit": ("completions", {**greedy, "prompt": EDIT}),
+        "edit": ("completions", {**greedy, "prompt": edit}),
         "extract": ("chat/completions", {**greedy, "messages": extract, "response_format": EXTRACT_SCHEMA}),
         "chat": ("chat/completions", {**greedy, "messages": story}),
     }
@@ -120,8 +128,9 @@ def _measure(contender: Contender, route: str, body: dict[str, Any]) -> dict[str
 def bench_decode(lemonkits: list[tuple[str, Lemonkit]], servers: list[Contender], args: Any) -> None:
     contenders = [(name, lk.contender) for name, lk in lemonkits] + [(c.name, c) for c in servers]
     results: dict[str, dict[str, list[dict[str, float]]]] = {}
-    for workload, (route, body) in _requests(GEMMA, args.tokens).items():
-        for _ in range(args.rounds):
+    for workload in _requests(GEMMA, args.tokens):
+        for round_ in range(args.rounds):
+            route, body = _requests(GEMMA, args.tokens, round_)[workload]
             for name, contender in contenders:
                 results.setdefault(workload, {}).setdefault(name, []).append(_measure(contender, route, body))
     base = servers[0].name if servers else contenders[0][0]
