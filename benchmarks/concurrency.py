@@ -12,7 +12,8 @@ context size for every contender, greedy sampling, the same prompt:
 streams: the aggregate tok/s of N concurrent streamed completions (every token of the N streams / the time from the
     first request to the last token) through ``lemonkit serve`` (loaded with ``llamacpp_args="--parallel N -t T"``;
     an engine without continuous batching ignores ``--parallel`` and serves the streams one after another) against
-    the same N streams through ``llama-server --parallel N``. Medians over rounds, the contenders interleaved.
+    the same N streams through ``llama-server --parallel N``. Medians over rounds, the contenders interleaved;
+    ``lk/ls`` is the median of each round's ratio (the pair measured back to back).
     lemonkit's sidecar reads the weights into huge pages; llama-server maps the GGUF in 4 KiB pages, unless
     ``--llama-server-huge-pages`` gives it the same (``--load-mode none``, glibc's ``malloc.hugetlb``).
 busy: the streams section's 1 and 4 streams again, while ``--busy`` other processes keep a core busy each (a
@@ -387,7 +388,14 @@ def bench_streams(
         for name, rate in med.items():
             base.setdefault(name, rate)
         lk_rate, ls_rate = med["lemonkit"], med.get("llama-server")
-        ls_cols = f"{ls_rate:13.1f} {lk_rate / ls_rate:7.3f}" if ls_rate else f"{'skipped':>13} {'':>7}"
+        # the ratio of each round's pair, measured back to back, then their median: this machine's rates drift by
+        # more between rounds than the two contenders differ
+        paired = (
+            statistics.median(a / b for a, b in zip(rates["lemonkit"], rates.get("llama-server", []), strict=True))
+            if ls_rate
+            else 0.0
+        )
+        ls_cols = f"{ls_rate:13.1f} {paired:7.3f}" if ls_rate else f"{'skipped':>13} {'':>7}"
         ls_scale = f"{ls_rate / base['llama-server']:8.2f}" if ls_rate else f"{'':>8}"
         # each row as soon as it is measured: a long run interrupted keeps what it measured
         print(f"  {n:>3} {lk_rate:10.1f} {ls_cols} {lk_rate / base['lemonkit']:8.2f} {ls_scale}  {counts}", flush=True)

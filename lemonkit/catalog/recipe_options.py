@@ -35,11 +35,15 @@ if TYPE_CHECKING:
 __all__ = [
     "AUTO_CTX_SIZE",
     "DEFAULT_CTX_SIZE",
+    "DEFAULT_DRAFT_MAX",
+    "DEFAULT_N_BATCH",
+    "DEFAULT_N_PARALLEL",
     "RECIPE_DEFAULTS",
     "RECIPE_OPTIONS",
     "ResolvedOptions",
     "apply_changes",
     "check_runnable",
+    "draft_context",
     "is_unset",
     "llamacpp_context_size",
     "load_body",
@@ -55,6 +59,13 @@ AUTO_CTX_SIZE = -1
 DEFAULT_CTX_SIZE = 4096
 #: llama.cpp pads the context to a multiple of this
 _CTX_PAD = 256
+#: Prompt batch: llama-server's physical batch size; larger buys nothing on CPU.
+DEFAULT_N_BATCH = 512
+#: Requests generated together (``--parallel``), llama-server's default: measured on Gemma 3 270M, 2 threads
+#: (see README), 4 streams give most of the aggregate gain of batching.
+DEFAULT_N_PARALLEL = 4
+#: The longest draft of speculative decoding (``--spec-draft-n-max``), llama-server's default
+DEFAULT_DRAFT_MAX = 16
 
 #: recipe -> every load option it takes, with lemonkit's default (the bottom of the chain)
 RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -165,6 +176,12 @@ def load_body(model_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- context size -------------------------------------------------------------------------------------------------
+
+
+def draft_context(n_ctx: int, n_parallel: int, draft_max: int) -> int:
+    """A draft model's context: the target's, with room for every slot's draft beyond the target's cells, so a
+    full target leaves no draft context to rebuild."""
+    return n_ctx + n_parallel * (draft_max + 1)
 
 
 def llamacpp_context_size(ctx_size: int | None, n_ctx_train: int | None, *, auto_limit: int | None = None) -> int:

@@ -82,10 +82,8 @@ async def plan_load(settings: Settings, registry: Registry, info: ModelInfo, opt
         await asyncio.to_thread(_check_gguf, files.main)
         auto_limit = await asyncio.to_thread(auto_context_limit, settings, files.main, options)
     draft = await asyncio.to_thread(draft_file, registry, info, files, options) if info.recipe == "llamacpp" else None
-    others = [files.mmproj, *files.extra.values()]
-    host_bytes = await asyncio.to_thread(
-        host_need, info, files.main, [*others, draft] if draft not in others else others, options, auto_limit
-    )
+    others = [files.mmproj, *(p for p in files.extra.values() if p != draft)]
+    host_bytes = await asyncio.to_thread(host_need, info, files.main, others, options, auto_limit, draft)
     spec: LoadSpec = {
         "model_name": info.id,
         "recipe": info.recipe,
@@ -144,7 +142,8 @@ def draft_file(registry: Registry, info: ModelInfo, files: ResolvedFiles, option
             raise InvalidArgument(f"llamacpp_args: -md {name}: no such model (GET /v1/models lists them)") from exc
         if other.recipe != "llamacpp" or other.remote is not None:
             raise InvalidArgument(f"llamacpp_args: -md {name}: a draft model must be a local llamacpp model")
-        return registry.resolve(other).main
+        main = registry.resolve(other).main
+        return main if kinds is None or "draft-simple" in kinds else None  # drafts only from n-grams
     wanted = kinds is not None and "draft-simple" in kinds
     draft = files.extra.get("draft")
     if draft is not None and (wanted or (kinds is None and not _HEAD_LABELS & set(info.labels))):

@@ -415,7 +415,10 @@ class ModelManager:
         build = site = None
         if info.recipe == "llamacpp":
             build, site = await llamacpp_build(self.settings, options)
-            budget = await self._room.on_device(info, plan.files.main, options, plan.auto_limit)
+            draft = plan.spec["draft_path"]
+            budget = await self._room.on_device(
+                info, plan.files.main, options, plan.auto_limit, Path(draft) if draft else None
+            )
             if budget is not None:
                 plan.spec["device_budget"] = budget
         self.loads_started += 1

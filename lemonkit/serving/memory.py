@@ -19,8 +19,14 @@ from typing import Any
 from lemonkit.catalog.config import Settings
 from lemonkit.catalog.hardware import detect_devices
 from lemonkit.catalog.model_info import ModelInfo
-from lemonkit.catalog.placement import MiB, context_limit, estimate, host_estimate
-from lemonkit.catalog.recipe_options import llamacpp_context_size
+from lemonkit.catalog.placement import PROCESS_BYTES, Estimate, MiB, context_limit, estimate, host_estimate
+from lemonkit.catalog.recipe_options import (
+    DEFAULT_DRAFT_MAX,
+    DEFAULT_N_BATCH,
+    DEFAULT_N_PARALLEL,
+    draft_context,
+    llamacpp_context_size,
+)
 from lemonkit.errors import ModelLoadError, SlotsPinned
 from lemonkit.formats.files import tree_bytes
 from lemonkit.formats.gguf_header import read_gguf_context_length, read_gguf_layout
@@ -106,21 +112,41 @@ def auto_context_limit(settings: Settings, path: Path, options: dict[str, Any]) 
     return context_limit(layout, memory, type_k=int(args.get("type_k", 1)), type_v=int(args.get("type_v", 1)))
 
 
+def _draft_cache(args: Mapping[str, Any], n_ctx: int) -> dict[str, int]:
+    """A draft model's context and batch, as the engine builds them (its batch is the target's ``-b``)."""
+    n_parallel = int(args.get("n_parallel", DEFAULT_N_PARALLEL))
+    return {
+        "n_ctx": draft_context(n_ctx, n_parallel, int(args.get("draft_max", DEFAULT_DRAFT_MAX))),
+        "n_ubatch": int(args.get("n_batch", DEFAULT_N_BATCH)),
+    }
+
+
 def host_need(
-    info: ModelInfo, main: Path, others: list[Path | None], options: dict[str, Any], auto_limit: int | None = None
+    info: ModelInfo,
+    main: Path,
+    others: list[Path | None],
+    options: dict[str, Any],
+    auto_limit: int | None = None,
+    draft: Path | None = None,
 ) -> int:
     """(Blocking.) The host memory a sidecar for ``info`` will take (:func:`lemonkit.catalog.placement.host_estimate`):
-    its files (``main`` and the ``others`` present) and, for a llama.cpp model, what its context takes on the CPU."""
-    file_bytes = sum(tree_bytes(p) for p in (main, *others) if p is not None and p.exists())
+    its files (``main``, the ``others`` present and a ``draft`` model) and, for a llama.cpp model, what its context
+    takes on the CPU, and its draft model's context beside (it holds a sequence per slot)."""
+    file_bytes = sum(tree_bytes(p) for p in (main, *others, draft) if p is not None and p.exists())
     layout = read_gguf_layout(main) if info.recipe == "llamacpp" else None
     if layout is None:
         return host_estimate(file_bytes)
     _, args, on_gpu = _offload(options)
     n_ctx = llamacpp_context_size(options.get("ctx_size"), read_gguf_context_length(main), auto_limit=auto_limit)
     cache_ram = max(0, int(args.get("cache_ram", 0))) * 2**20  # --cache-ram's bound; -1 (no bound) counts nothing
-    return host_estimate(
+    need = host_estimate(
         file_bytes, layout, on_gpu=on_gpu, n_ctx=n_ctx, cache_ram=cache_ram, **_cache_args(info, args, n_ctx)
     )
+    drafter = read_gguf_layout(draft) if draft is not None and not on_gpu else None
+    if drafter is not None:  # its file is counted above; on a GPU the device holds its context
+        cache = _draft_cache(args, n_ctx)
+        need += host_estimate(0, drafter, n_ctx=cache["n_ctx"], n_ubatch=cache["n_ubatch"]) - PROCESS_BYTES
+    return need
 
 
 def _least_recent(models: Iterable[LoadedModel]) -> LoadedModel | None:
@@ -216,10 +242,16 @@ class Evictor:
         )
 
     async def on_device(
-        self, info: ModelInfo, path: Path, options: dict[str, Any], auto_limit: int | None = None
+        self,
+        info: ModelInfo,
+        path: Path,
+        options: dict[str, Any],
+        auto_limit: int | None = None,
+        draft: Path | None = None,
     ) -> int | None:
         """Before a load on a GPU build: unload unpinned models on the same backend's devices, least recently used
-        first, until ``info`` fits with all the layers it asks for; returns the device bytes it may take.
+        first, until ``info`` fits with all the layers it asks for (and its ``draft`` model, which gets as many);
+        returns the device bytes the model may take, the draft's set aside.
 
         Eviction comes before offloading fewer layers (Lemonade evicts too): a model split between GPU and CPU
         runs at a fraction of its speed, and the model asked for now is the one in use. With ``-ngl auto`` a model
@@ -250,11 +282,19 @@ class Evictor:
             **_cache_args(info, args, n_ctx),
             kv_offload=bool(args.get("offload_kqv", True)),
         )
+        drafter = await asyncio.to_thread(read_gguf_layout, draft) if draft is not None else None
+        beside = 0
+        if drafter is not None:
+            cache = _draft_cache(args, n_ctx)
+            offload_kv = bool(args.get("offload_kqv", True))
+            # the overhead (driver, work buffers) is the target's already; the draft adds its weights, KV and graph
+            beside = estimate(drafter, layers, **cache, kv_offload=offload_kv, overhead=0).total
+        need = guess.total + beside
 
         def on_device() -> list[LoadedModel]:
             return [m for m in self._loaded.values() if m.build == backend and m.device_bytes]
 
-        while guess.total > capacity - sum(m.device_bytes for m in on_device()):
+        while need > capacity - sum(m.device_bytes for m in on_device()):
             victim = _least_recent(on_device())
             if victim is None:
                 break
@@ -264,10 +304,10 @@ class Evictor:
                 victim.device_bytes // MiB,
                 backend,
                 info.id,
-                guess.describe(),
+                _describe(guess, beside),
             )
             await self._evict(victim, "device")
-        free = capacity - sum(m.device_bytes for m in on_device())
+        free = capacity - sum(m.device_bytes for m in on_device()) - beside
         if guess.total <= free or requested == "auto":
             if guess.total > free:
                 log.info(
@@ -280,8 +320,13 @@ class Evictor:
             return max(0, free)
         held = ", ".join(f"{m.name} ({m.device_bytes // MiB} MiB, pinned)" for m in on_device())
         raise ModelLoadError(
-            f"Cannot load {info.id} on llamacpp:{backend}: {guess.describe()}, but {max(0, free) // MiB} of "
+            f"Cannot load {info.id} on llamacpp:{backend}: {_describe(guess, beside)}, but "
+            f"{max(0, free + beside) // MiB} of "
             f"{capacity // MiB} MiB are free{' beside ' + held if held else ''}. Ask for fewer layers (-ngl N, or "
             "-ngl auto to fit), a smaller ctx_size, or unpin a model",
             status=400,
         )
+
+
+def _describe(guess: Estimate, draft: int) -> str:
+    return guess.describe() + (f", and {draft // MiB} MiB for its draft model" if draft else "")

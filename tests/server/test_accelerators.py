@@ -372,6 +372,10 @@ async def test_placement_by_device_memory(capped: Host) -> None:
         assert response.status_code == 400 and error["code"] == "model_load_error", error
         assert "3 layers: 262 MiB" in error["message"] and "76 of 600 MiB are free" in error["message"], error
         assert f"{TINY_B} (262 MiB, pinned)" in error["message"]
+        body["llamacpp_args"] = f"-ngl all -md {TINY_B}"  # a draft model would take its share besides
+        error = (await client.post("load", json=body)).json()["error"]
+        assert "3 layers: 262 MiB" in error["message"] and "76 of 600 MiB are free" in error["message"], error
+        assert re.search(r"and [1-9]\d* MiB for its draft model", error["message"]), error
 
         # -ngl auto (the default) takes what is left: too little for a layer, so this one runs on the CPU
         entry = await _load_on_vulkan(client, TINY)

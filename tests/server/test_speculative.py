@@ -11,8 +11,11 @@ from typing import Any
 
 import httpx
 
+from lemonkit.catalog.placement import PROCESS_BYTES, MiB, host_estimate
+from lemonkit.formats.gguf_header import read_gguf_layout
 from tests.support.hosts import API_KEY, Host, Standalone
-from tests.support.tiny_models import DRAFTED, OTHER_VOCAB, TINY, WITH_COMPANION
+from tests.support.session import HF_CACHE
+from tests.support.tiny_models import DRAFTED, OTHER_VOCAB, TEST_REPO, TINY, WITH_COMPANION
 
 SPEC = "--spec-type ngram-simple --draft-max 8"
 #: a prompt whose continuation copies it: a draft-friendly workload
@@ -189,3 +192,25 @@ async def test_speculation_is_switched_on_per_model_by_its_saved_options(host: H
         answer = await _complete(client, COPY, WITH_COMPANION)
         assert "draft_n" not in answer["timings"], answer["timings"]
         await client.post("unload", json={"model_name": WITH_COMPANION})
+
+
+async def test_a_draft_model_counts_in_the_memory_plan(host: Host) -> None:
+    """A draft model adds its file and its context: the target's, with room for each of the 4 slots' drafts (16
+    tokens and one more). One named beside n-gram speculation alone is not loaded and adds nothing."""
+    memory = {}
+    async with host.client() as client:
+        for args in ("", f"-md {TINY}", f"-md {TINY} --spec-type ngram-mod"):
+            await client.post("unload", json={"model_name": TINY})
+            body = {"model_name": TINY, "ctx_size": 4096, "llamacpp_args": f"--parallel 4 {args}"}
+            response = await client.post("load", json=body)
+            assert response.status_code == 200, response.text
+            health = (await client.get("health")).json()
+            memory[args] = next(m["memory_mb"] for m in health["all_models_loaded"] if m["model_name"] == TINY)
+        await client.post("unload", json={"model_name": TINY})
+    (path,) = (HF_CACHE / f"models--{TEST_REPO.replace('/', '--')}" / "snapshots").glob("*/tiny-llama.gguf")
+    layout = read_gguf_layout(path)
+    assert layout is not None
+    draft = path.stat().st_size + host_estimate(0, layout, n_ctx=4096 + 4 * 17) - PROCESS_BYTES
+    assert draft > 2 * path.stat().st_size  # the context is most of it
+    assert abs(memory[f"-md {TINY}"] - memory[""] - draft / MiB) <= 1, (memory, draft / MiB)
+    assert memory[f"-md {TINY} --spec-type ngram-mod"] == memory[""], memory

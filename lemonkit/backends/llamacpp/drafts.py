@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lemonkit.catalog.recipe_options import DEFAULT_DRAFT_MAX
+
 __all__ = ["MAX_PAUSE", "NgramIndex", "NgramPool", "Pacer", "SeqDrafts", "SpecSettings"]
 
 #: the longest wait, in steps, between two drafts of a sequence whose drafts keep failing
@@ -32,7 +34,7 @@ class SpecSettings:
     ``--spec-draft-n-min``, ``--spec-draft-p-min`` and the n-gram sizes."""
 
     kinds: tuple[str, ...] = ()  # of "ngram-simple", "ngram-mod", "draft-simple"; empty: none
-    draft_max: int = 16
+    draft_max: int = DEFAULT_DRAFT_MAX
     draft_min: int = 0
     #: a draft model stops drafting at a token it gives less than this probability (llama-server's default)
     p_min: float = 0.75

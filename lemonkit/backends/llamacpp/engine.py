@@ -49,7 +49,7 @@ from lemonkit.backends.llamacpp.sampler import ReasoningBudget
 from lemonkit.backends.llamacpp.vision import Vision, decode_data_url
 from lemonkit.backends.protocol import Cancelled, LoadSpec
 from lemonkit.catalog.placement import MiB, estimate, fit_layers
-from lemonkit.catalog.recipe_options import llamacpp_context_size
+from lemonkit.catalog.recipe_options import DEFAULT_N_BATCH, DEFAULT_N_PARALLEL, draft_context, llamacpp_context_size
 from lemonkit.errors import (
     BackendUnavailable,
     InvalidArgument,
@@ -68,11 +68,6 @@ MAX_CHOICES = 16
 
 log = logging.getLogger(__name__)
 
-#: Prompt batch: llama-server's physical batch size; larger buys nothing on CPU.
-DEFAULT_N_BATCH = 512
-#: Requests generated together (``--parallel``), llama-server's default: measured on Gemma 3 270M, 2 threads
-#: (see README), 4 streams give most of the aggregate gain of batching.
-DEFAULT_N_PARALLEL = 4
 #: MiB of host memory for prompts evicted from the slots (``--cache-ram``; llama-server's default is 8192): off
 #: unless asked, as the model manager's memory plan does not count it yet
 DEFAULT_CACHE_RAM = 0
@@ -212,9 +207,7 @@ class LlamaCppEngine:
                         str(spec.get("draft_path")),
                         target=self._llm,
                         n_seq=self._n_parallel,
-                        # room for every slot's draft beyond the target's cells, so a full target leaves no
-                        # draft context to rebuild
-                        n_ctx=ctx + self._n_parallel * (speculation.draft_max + 1),
+                        n_ctx=draft_context(ctx, self._n_parallel, speculation.draft_max),
                         n_batch=kwargs["n_batch"],
                         threads=(threads, kwargs["n_threads_batch"]),
                         is_eog=functools.partial(_vocab_eog, self._llm._model.vocab),
