@@ -295,6 +295,23 @@ def test_greedy_ignores_seed_and_narrow_samplers_equal_greedy(engine: LlamaCppEn
     assert text_of(chat(engine, temperature=1.0, min_p=1.0, seed=7, max_tokens=24)) == greedy
 
 
+def test_greedy_under_a_grammar_is_the_best_token_it_allows(engine: LlamaCppEngine):
+    """Greedy under a grammar takes the logits' argmax and checks only that token against the grammar; top_k=1 at
+    temperature 1 goes through the sampler chain, grammar first wherever the grammar rejects the chain's pick (on
+    this random-weight model, most tokens): both write the same JSON."""
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}, "name": {"type": "string", "maxLength": 12}},
+        "required": ["n", "name"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema}}
+    greedy = chat(engine, temperature=0, max_tokens=200, response_format=fmt)
+    narrow = chat(engine, temperature=1.0, top_k=1, seed=3, max_tokens=200, response_format=fmt)
+    assert greedy["choices"][0]["finish_reason"] == "stop"
+    assert text_of(narrow) == text_of(greedy)
+    jsonschema.validate(json.loads(text_of(greedy)), schema)
+
+
 def test_penalties_change_greedy_output(engine: LlamaCppEngine):
     greedy = text_of(chat(engine, temperature=0, max_tokens=40))
     assert text_of(chat(engine, temperature=0, max_tokens=40, repeat_penalty=1.0)) == greedy

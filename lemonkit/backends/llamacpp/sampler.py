@@ -61,8 +61,9 @@ class SeqSampler:
         llm.set_seed(seed)
         self._chain = llm._init_sampler(**sampling)
         #: greedy with neutral penalties is the argmax of the raw logits: taken straight from them, which skips
-        #: copying Gemma's 262k logits into a candidate array (about 0.25 ms per token here)
-        self._greedy = grammar is None and sampling.get("temp") == 0.0 and _neutral_penalties(sampling)
+        #: copying Gemma's 262k logits into a candidate array (about 0.25 ms per token here) and the chain's pass
+        self._argmax = sampling.get("temp") == 0.0 and _neutral_penalties(sampling)
+        self._greedy = grammar is None and self._argmax
         self._grammar: Any = None
         if grammar is not None:
             self._grammar = lc.llama_sampler_init_grammar(llm._model.vocab, grammar.encode("utf-8"), b"root")
@@ -106,15 +107,20 @@ class SeqSampler:
             return int(self._logits(ctx, idx).argmax())  # the first of equal maxima, as the greedy sampler picks
         if self._grammar is None:
             return int(lc.llama_sampler_sample(self._chain.sampler, ctx, idx))  # applies and accepts
-        chain, grammar = self._chain.sampler, self._grammar
-        cur, single, one = self._cur, self._single, self._one
+        chain, grammar, cur = self._chain.sampler, self._grammar, self._cur
+        if self._argmax:  # greedy under a grammar: the argmax if the grammar allows it, else the best it allows
+            token = int(self._logits(ctx, idx).argmax())
+            if not self._allows(token):
+                self._load_logits(ctx, idx)
+                lc.llama_sampler_apply(grammar, ctypes.byref(cur))
+                token = int(self._cand["id"][self._cand["logit"].argmax()])
+            if not self._is_eog(token):
+                lc.llama_sampler_accept(grammar, token)
+            return token
         self._load_logits(ctx, idx)
         lc.llama_sampler_apply(chain, ctypes.byref(cur))
         token = int(cur.data[cur.selected].id)
-        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
-        single.data, single.size, single.selected, single.sorted = self._one_ptr, 1, -1, False
-        lc.llama_sampler_apply(grammar, ctypes.byref(single))
-        if single.data[0].logit == -math.inf:  # the grammar rejects it: sample again, grammar first
+        if not self._allows(token):  # the grammar rejects it: sample again, grammar first
             self._load_logits(ctx, idx)
             lc.llama_sampler_apply(grammar, ctypes.byref(cur))
             lc.llama_sampler_apply(chain, ctypes.byref(cur))
@@ -123,6 +129,14 @@ class SeqSampler:
             lc.llama_sampler_accept(grammar, token)
         lc.llama_sampler_accept(chain, token)
         return token
+
+    def _allows(self, token: int, grammar: Any = None) -> bool:
+        """Whether the grammar (``grammar``: a copy of it) accepts ``token`` next: one candidate, not the vocab."""
+        single, one = self._single, self._one
+        one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
+        single.data, single.size, single.selected, single.sorted = self._one_ptr, 1, -1, False
+        self._lc.llama_sampler_apply(grammar or self._grammar, ctypes.byref(single))
+        return bool(single.data[0].logit != -math.inf)
 
     @property
     def constrained(self) -> bool:
@@ -136,15 +150,11 @@ class SeqSampler:
         if self._grammar is None:
             return len(draft)
         walker = lc.llama_sampler_clone(self._grammar)
-        single, one = self._single, self._one
         try:
             for i, token in enumerate(draft):
                 if self._is_eog(token):
                     return i + 1  # generation ends there if the model agrees; nothing follows
-                one[0].id, one[0].logit, one[0].p = token, 1.0, 0.0
-                single.data, single.size, single.selected, single.sorted = self._one_ptr, 1, -1, False
-                lc.llama_sampler_apply(walker, ctypes.byref(single))
-                if single.data[0].logit == -math.inf:
+                if not self._allows(token, walker):
                     return i
                 lc.llama_sampler_accept(walker, token)
             return len(draft)
