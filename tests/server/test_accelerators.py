@@ -225,6 +225,23 @@ async def test_a_model_runs_on_lavapipe_with_every_layer_offloaded(vhost: Host) 
         await sdk.close()
 
 
+async def test_a_draft_model_is_offloaded_beside_its_target(vhost: Host) -> None:
+    """A draft model takes as many of its layers to the GPU as its target, and its share is in the offload report,
+    which the manager counts as the model's device memory."""
+    async with _client(vhost) as client:
+        events = await _install(client)  # the wheel an earlier test built: no compile
+        assert events[-1][0] == "complete", events[-3:]
+        args = f"-md {TINY_B} --spec-draft-p-min 0"
+        body = {"model_name": TINY, "llamacpp_backend": "vulkan", "llamacpp_args": args}
+        response = await client.post("load", json=body)
+        assert response.status_code == 200, response.text
+        health = (await client.get("health")).json()
+        (entry,) = [m for m in health["all_models_loaded"] if m["model_name"] == TINY]
+        offload = entry["offload"]
+        assert entry["device"] == "gpu" and offload["layers"] == offload["of"] and offload["draft_mb"] > 0, offload
+        await client.post("unload", json={"model_name": TINY})
+
+
 async def test_a_bundled_model_answers_on_lavapipe(vhost: Host) -> None:
     if vhost.kind != "standalone":
         pytest.skip("one host is enough for the slow real model; the tiny one runs on both")
