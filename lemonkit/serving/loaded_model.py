@@ -74,10 +74,9 @@ class LoadedModel:
 
     @property
     def device_bytes(self) -> int:
-        """What it holds on its GPU (its engine's estimate for the layers it offloaded, and its draft model's)."""
+        """What it holds on its GPU (its engine's estimate for the layers it offloaded)."""
         offload = self.engine_info.get("offload") or {}
-        held = int(offload.get("estimate_mb") or 0) + int(offload.get("draft_mb") or 0)
-        return held * MiB if offload.get("layers") else 0
+        return int(offload.get("estimate_mb") or 0) * MiB if offload.get("layers") else 0
 
     @property
     def backend_url(self) -> str:

@@ -415,10 +415,7 @@ class ModelManager:
         build = site = None
         if info.recipe == "llamacpp":
             build, site = await llamacpp_build(self.settings, options)
-            draft = plan.spec["draft_path"]
-            budget = await self._room.on_device(
-                info, plan.files.main, options, plan.auto_limit, Path(draft) if draft else None
-            )
+            budget = await self._room.on_device(info, plan.files.main, options, plan.auto_limit)
             if budget is not None:
                 plan.spec["device_budget"] = budget
         self.loads_started += 1

@@ -19,7 +19,7 @@ from typing import Any
 from lemonkit.catalog.config import Settings
 from lemonkit.catalog.hardware import detect_devices
 from lemonkit.catalog.model_info import ModelInfo
-from lemonkit.catalog.placement import PROCESS_BYTES, Estimate, MiB, context_limit, estimate, host_estimate
+from lemonkit.catalog.placement import PROCESS_BYTES, MiB, context_limit, estimate, host_estimate
 from lemonkit.catalog.recipe_options import (
     DEFAULT_DRAFT_MAX,
     DEFAULT_N_BATCH,
@@ -142,8 +142,8 @@ def host_need(
     need = host_estimate(
         file_bytes, layout, on_gpu=on_gpu, n_ctx=n_ctx, cache_ram=cache_ram, **_cache_args(info, args, n_ctx)
     )
-    drafter = read_gguf_layout(draft) if draft is not None and not on_gpu else None
-    if drafter is not None:  # its file is counted above; on a GPU the device holds its context
+    drafter = read_gguf_layout(draft) if draft is not None else None
+    if drafter is not None:  # its file is counted above; it runs on the CPU, even beside a target on a GPU
         cache = _draft_cache(args, n_ctx)
         need += host_estimate(0, drafter, n_ctx=cache["n_ctx"], n_ubatch=cache["n_ubatch"]) - PROCESS_BYTES
     return need
@@ -242,16 +242,10 @@ class Evictor:
         )
 
     async def on_device(
-        self,
-        info: ModelInfo,
-        path: Path,
-        options: dict[str, Any],
-        auto_limit: int | None = None,
-        draft: Path | None = None,
+        self, info: ModelInfo, path: Path, options: dict[str, Any], auto_limit: int | None = None
     ) -> int | None:
         """Before a load on a GPU build: unload unpinned models on the same backend's devices, least recently used
-        first, until ``info`` fits with all the layers it asks for (and its ``draft`` model, which gets as many);
-        returns the device bytes the model may take, the draft's set aside.
+        first, until ``info`` fits with all the layers it asks for; returns the device bytes it may take.
 
         Eviction comes before offloading fewer layers (Lemonade evicts too): a model split between GPU and CPU
         runs at a fraction of its speed, and the model asked for now is the one in use. With ``-ngl auto`` a model
@@ -282,19 +276,11 @@ class Evictor:
             **_cache_args(info, args, n_ctx),
             kv_offload=bool(args.get("offload_kqv", True)),
         )
-        drafter = await asyncio.to_thread(read_gguf_layout, draft) if draft is not None else None
-        beside = 0
-        if drafter is not None:
-            cache = _draft_cache(args, n_ctx)
-            offload_kv = bool(args.get("offload_kqv", True))
-            # the overhead (driver, work buffers) is the target's already; the draft adds its weights, KV and graph
-            beside = estimate(drafter, layers, **cache, kv_offload=offload_kv, overhead=0).total
-        need = guess.total + beside
 
         def on_device() -> list[LoadedModel]:
             return [m for m in self._loaded.values() if m.build == backend and m.device_bytes]
 
-        while need > capacity - sum(m.device_bytes for m in on_device()):
+        while guess.total > capacity - sum(m.device_bytes for m in on_device()):
             victim = _least_recent(on_device())
             if victim is None:
                 break
@@ -304,10 +290,10 @@ class Evictor:
                 victim.device_bytes // MiB,
                 backend,
                 info.id,
-                _describe(guess, beside),
+                guess.describe(),
             )
             await self._evict(victim, "device")
-        free = capacity - sum(m.device_bytes for m in on_device()) - beside
+        free = capacity - sum(m.device_bytes for m in on_device())
         if guess.total <= free or requested == "auto":
             if guess.total > free:
                 log.info(
@@ -320,13 +306,8 @@ class Evictor:
             return max(0, free)
         held = ", ".join(f"{m.name} ({m.device_bytes // MiB} MiB, pinned)" for m in on_device())
         raise ModelLoadError(
-            f"Cannot load {info.id} on llamacpp:{backend}: {_describe(guess, beside)}, but "
-            f"{max(0, free + beside) // MiB} of "
+            f"Cannot load {info.id} on llamacpp:{backend}: {guess.describe()}, but {max(0, free) // MiB} of "
             f"{capacity // MiB} MiB are free{' beside ' + held if held else ''}. Ask for fewer layers (-ngl N, or "
             "-ngl auto to fit), a smaller ctx_size, or unpin a model",
             status=400,
         )
-
-
-def _describe(guess: Estimate, draft: int) -> str:
-    return guess.describe() + (f", and {draft // MiB} MiB for its draft model" if draft else "")

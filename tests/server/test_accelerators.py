@@ -225,20 +225,23 @@ async def test_a_model_runs_on_lavapipe_with_every_layer_offloaded(vhost: Host) 
         await sdk.close()
 
 
-async def test_a_draft_model_is_offloaded_beside_its_target(vhost: Host) -> None:
-    """A draft model takes as many of its layers to the GPU as its target, and its share is in the offload report,
-    which the manager counts as the model's device memory."""
+async def test_a_draft_model_drafts_on_the_cpu_for_a_target_on_the_gpu(vhost: Host) -> None:
+    """The target offloads every layer and its draft model stays on the CPU (on lavapipe a draft model decoding there
+    crashed the sidecar): drafts are made, checked and accepted across the two."""
     async with _client(vhost) as client:
         events = await _install(client)  # the wheel an earlier test built: no compile
         assert events[-1][0] == "complete", events[-3:]
-        args = f"-md {TINY_B} --spec-draft-p-min 0"
-        body = {"model_name": TINY, "llamacpp_backend": "vulkan", "llamacpp_args": args}
+        body = {"model_name": TINY, "llamacpp_backend": "vulkan", "llamacpp_args": f"-md {TINY} --spec-draft-p-min 0"}
         response = await client.post("load", json=body)
         assert response.status_code == 200, response.text
         health = (await client.get("health")).json()
         (entry,) = [m for m in health["all_models_loaded"] if m["model_name"] == TINY]
-        offload = entry["offload"]
-        assert entry["device"] == "gpu" and offload["layers"] == offload["of"] and offload["draft_mb"] > 0, offload
+        assert entry["device"] == "gpu" and entry["offload"]["layers"] == entry["offload"]["of"], entry
+        request = {"model": TINY, "prompt": "red green blue red green blue", "max_tokens": 24, "temperature": 0}
+        response = await client.post("completions", json=request)
+        assert response.status_code == 200, response.text
+        timings = response.json()["timings"]
+        assert timings["draft_n"] > 0 and 0 < timings["draft_n_accepted"] <= timings["draft_n"], timings
         await client.post("unload", json={"model_name": TINY})
 
 
@@ -389,10 +392,6 @@ async def test_placement_by_device_memory(capped: Host) -> None:
         assert response.status_code == 400 and error["code"] == "model_load_error", error
         assert "3 layers: 262 MiB" in error["message"] and "76 of 600 MiB are free" in error["message"], error
         assert f"{TINY_B} (262 MiB, pinned)" in error["message"]
-        body["llamacpp_args"] = f"-ngl all -md {TINY_B}"  # a draft model would take its share besides
-        error = (await client.post("load", json=body)).json()["error"]
-        assert "3 layers: 262 MiB" in error["message"] and "76 of 600 MiB are free" in error["message"], error
-        assert re.search(r"and [1-9]\d* MiB for its draft model", error["message"]), error
 
         # -ngl auto (the default) takes what is left: too little for a layer, so this one runs on the CPU
         entry = await _load_on_vulkan(client, TINY)

@@ -213,10 +213,10 @@ class LlamaCppEngine:
                         is_eog=functools.partial(_vocab_eog, self._llm._model.vocab),
                         repack=not amx_cpu(),
                         turn=self._turn,
-                        n_gpu_layers=self._offload["layers"],
-                        offload_kqv=kwargs.get("offload_kqv", True),
+                        # on the CPU even beside a target on a GPU: decoding the draft model on lavapipe (Vulkan)
+                        # crashed the process in its first drafts, with the target there decoding fine
+                        n_gpu_layers=0,
                     )
-                self._offload_draft(str(spec.get("draft_path")), ctx, kwargs)
             except BaseException:
                 self._llm.close()
                 if self._turns is not None:
@@ -316,18 +316,6 @@ class LlamaCppEngine:
             **({"budget_mb": round(budget / MiB)} if budget is not None else {}),
         }
         return restrict
-
-    def _offload_draft(self, path: str, ctx: int, kwargs: dict[str, Any]) -> None:
-        """Add what the draft model holds on the GPU (as many of its layers as the target's) to the offload report,
-        as the manager's memory plan counted it (``serving.memory``)."""
-        layout = read_gguf_layout(path) if self._offload["layers"] else None
-        if layout is None:
-            return
-        n_ctx = draft_context(ctx, self._n_parallel, self._speculation.draft_max)
-        kv = bool(kwargs.get("offload_kqv", True))
-        layers = self._offload["layers"]
-        guess = estimate(layout, layers, n_ctx=n_ctx, n_ubatch=kwargs["n_batch"], kv_offload=kv, overhead=0)
-        self._offload["draft_mb"] = round(guess.total / MiB)  # the driver's overhead is the target's already
 
     def _kernel_choice(self, args: dict[str, Any]) -> tuple[bool, bool]:
         """``(batch_invariant, repack)`` from ``--[no-]batch-invariant`` and ``--[no-]repack``: chat models default to
