@@ -112,15 +112,6 @@ def auto_context_limit(settings: Settings, path: Path, options: dict[str, Any]) 
     return context_limit(layout, memory, type_k=int(args.get("type_k", 1)), type_v=int(args.get("type_v", 1)))
 
 
-def _draft_cache(args: Mapping[str, Any], n_ctx: int) -> dict[str, int]:
-    """A draft model's context and batch, as the engine builds them (its batch is the target's ``-b``)."""
-    n_parallel = int(args.get("n_parallel", DEFAULT_N_PARALLEL))
-    return {
-        "n_ctx": draft_context(n_ctx, n_parallel, int(args.get("draft_max", DEFAULT_DRAFT_MAX))),
-        "n_ubatch": int(args.get("n_batch", DEFAULT_N_BATCH)),
-    }
-
-
 def host_need(
     info: ModelInfo,
     main: Path,
@@ -144,8 +135,14 @@ def host_need(
     )
     drafter = read_gguf_layout(draft) if draft is not None else None
     if drafter is not None:  # its file is counted above; it runs on the CPU, even beside a target on a GPU
-        cache = _draft_cache(args, n_ctx)
-        need += host_estimate(0, drafter, n_ctx=cache["n_ctx"], n_ubatch=cache["n_ubatch"]) - PROCESS_BYTES
+        n_parallel, draft_max = (
+            int(args.get("n_parallel", DEFAULT_N_PARALLEL)),
+            int(args.get("draft_max", DEFAULT_DRAFT_MAX)),
+        )
+        # its context and batch as the engine builds them (its batch is the target's -b)
+        n_draft = draft_context(n_ctx, n_parallel, draft_max)
+        n_ubatch = int(args.get("n_batch", DEFAULT_N_BATCH))
+        need += host_estimate(0, drafter, n_ctx=n_draft, n_ubatch=n_ubatch) - PROCESS_BYTES
     return need
 
 

@@ -69,7 +69,7 @@ MAX_CHOICES = 16
 log = logging.getLogger(__name__)
 
 #: MiB of host memory for prompts evicted from the slots (``--cache-ram``; llama-server's default is 8192): off
-#: unless asked, as the model manager's memory plan does not count it yet
+#: unless asked, as the memory plan counts the bound against every model loaded with it
 DEFAULT_CACHE_RAM = 0
 
 
