@@ -32,7 +32,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' helpers: tests/support/
-from concurrency import Contender, _concurrent, _wait_ready, llama_server_binary
+from concurrency import Contender, _concurrent, _wait_ready, llama_server_binary, llama_server_cpu_flags
 from sidecar_memory import server_env
 
 from lemonkit.catalog.accelerators import detect
@@ -72,7 +72,7 @@ def _lemonkit(home: Path, env: dict[str, str], backend: str, parallel: int) -> C
 def _llama_server(binary: Path, gguf: Path, env: dict[str, str], parallel: int) -> Contender:
     port = free_port()
     command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-ngl", "999"]
-    command += ["-c", str(4096), "--parallel", str(parallel), "--no-webui"]
+    command += ["-c", str(4096), "--parallel", str(parallel), "--no-webui", *llama_server_cpu_flags()]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     contender = Contender("llama-server", f"{base}/v1", f"{base}/health", process, "model")

@@ -80,6 +80,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' helpe
 from sidecar_memory import run_as_sidecar, server_env
 
 from lemonkit.backends import sidecar_env
+from lemonkit.backends.llamacpp.engine import amx_cpu
 from tests.support.llama_cpp_server import free_port
 
 PROMPT = "The history of the printing press begins"
@@ -229,13 +230,19 @@ class Lemonkit:
         return Path(registry.resolve(registry.get(GEMMA)).main)
 
 
+def llama_server_cpu_flags() -> list[str]:
+    """Flags every llama-server here needs on this CPU: on AMX CPUs ggml's repacked (AMX) kernels fault at the first
+    decode in this build (``ldtilecfg``), and lemonkit's engine leaves them off there too."""
+    return ["--no-repack"] if amx_cpu() else []
+
+
 def _llama_server(
     binary: Path, gguf: Path, parallel: int, threads: int, ctx: int, *, huge_pages: bool = False
 ) -> Contender:
     port = free_port()
     command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads)]
     command += ["-tb", str(threads), "-c", str(ctx), "--parallel", str(parallel), "-b", "512", "-ub", "512"]
-    command += ["-fa", "on", "--no-webui"]
+    command += ["-fa", "on", "--no-webui", *llama_server_cpu_flags()]
     env = server_env()
     if huge_pages:  # what lemonkit's sidecar does: the weights read in (not mapped), glibc's malloc on huge pages
         command += ["--load-mode", "none"]

@@ -36,7 +36,16 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from concurrency import GEMMA, Contender, Lemonkit, _cache_root, _loadavg, _wait_ready, llama_server_binary
+from concurrency import (
+    GEMMA,
+    Contender,
+    Lemonkit,
+    _cache_root,
+    _loadavg,
+    _wait_ready,
+    llama_server_binary,
+    llama_server_cpu_flags,
+)
 
 from tests.support.llama_cpp_server import free_port
 
@@ -78,7 +87,8 @@ EXTRACT_SCHEMA = {
 def _llama_server(binary: Path, gguf: Path, args: Any, extra: list[str]) -> Contender | None:
     port = free_port()
     command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads)]
-    command += ["-tb", str(args.threads), "-c", str(args.ctx), "--parallel", "1", "-fa", "on", "--no-webui", *extra]
+    command += ["-tb", str(args.threads), "-c", str(args.ctx), "--parallel", "1", "-fa", "on", "--no-webui"]
+    command += [*llama_server_cpu_flags(), *extra]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     contender = Contender("llama-server " + " ".join(extra), f"{base}/v1", f"{base}/health", process, "gemma")

@@ -180,6 +180,7 @@ for _names, _key, _conv in (
     (("--spec-draft-p-min", "--draft-p-min"), "draft_p_min", _probability),
     (("-md", "--model-draft", "--spec-draft-model"), "model_draft", _draft_model),
     (("--spec-ngram-simple-size-n", "--spec-ngram-size-n"), "ngram_n", _positive),
+    (("--spec-ngram-simple-size-m", "--spec-ngram-size-m"), "ngram_m", _positive),
     (("--spec-ngram-mod-n-match",), "ngram_mod_match", _positive),
     (("--spec-ngram-mod-n-min",), "ngram_mod_min", _natural),
     (("--spec-ngram-mod-n-max",), "ngram_mod_max", _positive),

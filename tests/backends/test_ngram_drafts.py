@@ -19,22 +19,25 @@ def _simple(**settings: int) -> SeqDrafts:
 
 
 def test_the_draft_is_what_followed_the_tail_last_time() -> None:
-    drafts = _simple(draft_max=8)
+    drafts = _simple(simple_max=3)
     drafts.reset([1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3])
-    assert _draft(drafts, 10) == [4]  # the first draft is one token: the length grows as drafts are accepted
-    drafts.record(1, 1)
-    assert _draft(drafts, 10) == [4, 5]
-    drafts.record(2, 2)
-    assert _draft(drafts, 10) == [4, 5, 6, 9]
+    assert _draft(drafts, 10) == [4, 5, 6]  # at most --spec-ngram-simple-size-m
     assert _draft(drafts, 2) == [4, 5]  # never more than the room the batcher gives
     drafts.extend([7])  # a tail never seen: nothing to draft
     assert _draft(drafts, 10) == []
 
 
+def test_each_kind_drafts_up_to_its_own_cap() -> None:
+    settings = SpecSettings(("ngram-simple", "ngram-mod", "draft-simple"), draft_max=4, simple_max=8, mod_max=16)
+    assert [settings.cap(kind) for kind in settings.kinds] == [8, 16, 4] and settings.longest == 16
+    assert SpecSettings(("draft-simple",), draft_max=4).longest == 4
+    assert SeqDrafts(SpecSettings(("draft-simple",), draft_max=4)).pacer.room(10) == 4
+
+
 def test_the_latest_occurrence_wins_and_the_tail_never_finds_itself() -> None:
     drafts = _simple(draft_max=4, draft_min=1)
     drafts.reset([5, 6, 7, 1, 5, 6, 7, 2, 5, 6, 7])
-    assert _draft(drafts, 4) == [2]
+    assert _draft(drafts, 4) == [2, 5, 6, 7]  # what followed the later 5, 6, 7
     drafts.reset([5, 6, 7])
     assert _draft(drafts, 4) == []
 
@@ -52,15 +55,17 @@ def test_failing_drafts_pause_longer_and_longer_and_a_success_resumes() -> None:
     assert pauses[0] == 0 and pauses == sorted(pauses) and pauses[-1] == MAX_PAUSE
     drafts.record(1, 1)
     assert _draft(drafts, 8)  # no pause after an accepted draft
-    drafts.record(4, 2)
-    assert len(_draft(drafts, 8)) == 3  # one more than the accepted part
 
 
 def test_draft_min_holds_back_short_drafts() -> None:
     drafts = _simple(draft_max=8, draft_min=3)
     drafts.reset([1, 2, 3, 4, 5, 1, 2, 3])
     assert _draft(drafts, 2) == []  # less room than the floor
-    assert _draft(drafts, 8) == [4, 5, 1]
+    assert _draft(drafts, 8) == [4, 5, 1, 2, 3]
+    drafts.reset([1, 2, 3, 4, 1, 2, 3])
+    assert _draft(drafts, 8) == [4, 1, 2, 3]
+    drafts.reset([7, 7, 7, 7])
+    assert _draft(drafts, 8) == []  # one token followed the tail's run: under the floor
 
 
 def test_the_pool_drafts_what_another_sequence_wrote_after_the_same_run() -> None:

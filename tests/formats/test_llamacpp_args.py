@@ -97,7 +97,8 @@ def test_a_draft_model_is_named_as_a_registered_model_never_as_a_path(flag: str,
 def test_speculative_flags_take_llama_servers_spellings_old_and_new() -> None:
     new = parse_llamacpp_args(
         "--spec-type ngram-mod,draft-simple --spec-draft-n-max 8 --spec-draft-n-min 2 --spec-draft-p-min 0.5 "
-        "--spec-ngram-simple-size-n 4 --spec-ngram-mod-n-match 12 --spec-ngram-mod-n-min 3 --spec-ngram-mod-n-max 32"
+        "--spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m 24 --spec-ngram-mod-n-match 12 "
+        "--spec-ngram-mod-n-min 3 --spec-ngram-mod-n-max 32"
     )
     assert new == {
         "spec_type": ("ngram-mod", "draft-simple"),
@@ -105,6 +106,7 @@ def test_speculative_flags_take_llama_servers_spellings_old_and_new() -> None:
         "draft_min": 2,
         "draft_p_min": 0.5,
         "ngram_n": 4,
+        "ngram_m": 24,
         "ngram_mod_match": 12,
         "ngram_mod_min": 3,
         "ngram_mod_max": 32,

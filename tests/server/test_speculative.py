@@ -18,6 +18,9 @@ from tests.support.session import HF_CACHE
 from tests.support.tiny_models import DRAFTED, OTHER_VOCAB, TEST_REPO, TINY, WITH_COMPANION
 
 SPEC = "--spec-type ngram-simple --draft-max 8"
+#: drafts of a fixed length (--spec-draft-n-min at --spec-draft-n-max, never stopped by the draft model's doubt), so
+#: that two loads draft the same tokens whatever their steps measured
+PINNED = "--spec-draft-p-min 0 --spec-draft-n-max 4 --spec-draft-n-min 4"
 #: a prompt whose continuation copies it: a draft-friendly workload
 COPY = "red green blue red green blue red green blue red green blue red green blue red green blue"
 PROMPTS = (COPY, "one two three four five six seven", "the quick brown fox jumps over the lazy dog and the")
@@ -113,18 +116,22 @@ async def test_draft_models_and_the_shared_pool_change_no_token() -> None:
         async with host.client() as client:
             await _load(client, "")
             plain = await _workload(client)
-            await _load(client, f"-md {TINY} --draft-p-min 0")  # the model drafts for itself: its drafts are right
+            await _load(
+                client, f"-md {TINY} --draft-p-min 0 --spec-draft-n-min 1"
+            )  # the model drafts for itself: its drafts are right
             itself = await _workload(client)
-            await _load(client, f"--spec-type ngram-mod,draft-simple --spec-draft-n-max 6 -md {DRAFTED}")
+            await _load(
+                client, f"--spec-type ngram-mod,draft-simple --spec-draft-n-max 6 --spec-draft-n-min 1 -md {DRAFTED}"
+            )
             mixed = await _workload(client)
-            await _load(client, "--spec-draft-p-min 0", DRAFTED)  # the row's draft checkpoint: tiny-llama-b
+            await _load(client, f"{PINNED}", DRAFTED)  # the row's draft checkpoint: tiny-llama-b
             checkpoint = await _workload(client, DRAFTED)
-            await _load(client, "--spec-type draft-simple --spec-draft-p-min 0", WITH_COMPANION)
+            await _load(client, f"--spec-type draft-simple {PINNED}", WITH_COMPANION)
             companion = await _workload(client, WITH_COMPANION)
             last = await _complete(client, COPY, WITH_COMPANION)  # /v1/stats reports the last request alone
             stats = (await client.get("stats")).json()
             await client.post("unload", json={"model_name": WITH_COMPANION})
-            await _load(client, "--spec-type ngram-mod --spec-ngram-mod-n-match 3")
+            await _load(client, "--spec-type ngram-mod --spec-ngram-mod-n-match 3 --spec-draft-n-min 1")
             pooled = await _workload(client)
     finally:
         server.stop()

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores, on_cores
-from lemonkit.backends.llamacpp.drafts import NgramPool, SeqDrafts, SpecSettings
+from lemonkit.backends.llamacpp.drafts import Acceptance, NgramPool, SeqDrafts, SpecSettings, draft_length, expected
 from lemonkit.backends.llamacpp.prompt_cache import PromptCache, common_prefix
 from lemonkit.backends.llamacpp.sampler import SeqSampler
 from lemonkit.backends.llamacpp.step_costs import StepCosts
@@ -217,9 +217,13 @@ class Batcher:
         #: a decode of the step got fewer cores than it asked for (other sidecars held them): it measured them
         self._short = False
         self._used = self._threads[0]  # the threads of the last decode
+        self._decode_s = 0.0  # how long the last llama_decode took
         self.cache = PromptCache(cache_ram) if cache_ram else None
         self._spec = spec if spec is not None and spec.on else None
         self._draft_model = draft_model if self._spec is not None and self._spec.wants_model else None
+        self._draft_cost = 0.0  # seconds the draft model takes per drafted token (_price_drafts)
+        #: every slot's drafts, where a new sequence's start: the last hundred or so drafted tokens count
+        self._acceptance = Acceptance(decay=0.99)
         if self._spec is not None:
             s = self._spec
             pool = NgramPool(s.mod_match, s.mod_min, s.mod_max) if "ngram-mod" in s.kinds else None
@@ -453,7 +457,7 @@ class Batcher:
         slot.tokens = tokens[:reuse]
         slot.reusable = True
         if slot.drafts is not None:
-            slot.drafts.reset(tokens)
+            slot.drafts.reset(tokens, self._acceptance.rate)
         slot.n_past = reuse
         slot.pending = tokens[reuse:]
         slot.last = -1
@@ -503,7 +507,8 @@ class Batcher:
         self._seq_rm(slot.id, 0)
         slot.tokens, slot.reusable, slot.pending = [], False, []
         if slot.drafts is not None:
-            slot.drafts.reset([])  # image positions hold no tokens: n-gram drafts come from the output alone
+            # image positions hold no tokens: n-gram drafts come from the output alone
+            slot.drafts.reset([], self._acceptance.rate)
         try:
             if self._compact_due:  # mtmd decodes the images itself, not through _decode
                 self._compact()
@@ -552,7 +557,8 @@ class Batcher:
             return
         generating = [slot for slot in self._order if slot.last >= 0]
         drafted = self._spec is not None and self._draft(generating)
-        if generating and not drafted and not any(slot.last < 0 and slot.pending for slot in self._order):
+        prompts = any(slot.last < 0 and slot.pending for slot in self._order)
+        if generating and not drafted and not prompts:
             self._generate(generating)
             return
         n = 0
@@ -578,7 +584,14 @@ class Batcher:
                 self._logits[slot.idx] = 1
             planned.append((slot, part))
             n += len(part)
-        self._run(planned, n)
+        if prompts:
+            self._run(planned, n)
+            return
+        # generating rows and drafts only: its decode prices drafts (draft_length) by its rows. It runs on -tb:
+        # trying thread counts for each size a draft makes would cost more than it could find.
+        self._short = False
+        if self._run(planned, n) and not self._short:
+            self.costs.price(n, self._decode_s)
 
     def _generate(self, slots: list[_Slot]) -> None:
         """A step of generating slots only: one decode or several, on as many threads as measured fastest
@@ -596,6 +609,8 @@ class Batcher:
                 slot.idx = n
             if group and not self._run([(slot, [slot.last]) for slot in group], len(group), plan.threads):
                 return
+            if group and not self._short and plan.threads == self._threads[1]:
+                self.costs.price(len(group), self._decode_s)
         if not self._short:
             self.costs.record(plan, time.perf_counter() - started)
 
@@ -632,9 +647,15 @@ class Batcher:
     def _draft(self, generating: list[_Slot]) -> bool:
         """Give each generating slot that drafts this step a draft, within the batch's rows, the tokens the slot may
         still generate and its context: its n-gram draft, else the draft model's (one decode for all such slots);
-        a grammar's slot keeps the part its grammar allows. Whether any slot got one."""
+        a grammar's slot keeps the part its grammar allows. Each is cut to the length that yields the most tokens
+        per second by the slot's acceptance and what steps of each size measured (drafts.draft_length), slot by
+        slot with the rows before it counted, never below ``--spec-draft-n-min``. Whether any slot got one."""
+        assert self._spec is not None
         room = self._n_batch - len(generating)
-        floor = max(1, self._spec.draft_min) if self._spec is not None else 1
+        floor = max(1, self._spec.draft_min)
+        pin = self._spec.draft_min  # --spec-draft-n-min: no draft is cut below it, however little it pays
+        cost = self.costs.curve(self._n_batch)
+        rows, tokens = len(generating), float(len(generating))
         asks: list[tuple[_Slot, int]] = []
         for slot in generating:
             slot.draft = []
@@ -643,23 +664,42 @@ class Batcher:
             n = drafts.pacer.room(fits) if drafts is not None and fits > 0 else 0
             if n < floor or drafts is None:
                 continue
-            slot.draft = drafts.lookup(n)
-            if not slot.draft and self._draft_model is not None and slot.reusable:
-                asks.append((slot, n))
-                room -= n  # held for the draft model's answer
+            draft = self._allowed(slot, drafts.lookup(n))
+            acceptance = drafts.pacer.acceptance
+            if len(draft) >= floor:
+                k = max(pin, draft_length(acceptance, len(draft), rows, tokens, cost))
+                slot.draft = draft[:k] if k >= floor else []
+            elif not draft and self._draft_model is not None and slot.reusable:
+                k = max(pin, draft_length(acceptance, n, rows, tokens, cost, self._draft_cost))
+                if k >= floor:
+                    asks.append((slot, k))
             else:
-                room -= len(slot.draft)
+                continue
+            if k < floor:
+                drafts.pacer.skipped()
+                continue
+            rows, tokens, room = rows + k, tokens + expected(acceptance, k), room - k
         if asks:
-            assert self._draft_model is not None and self._spec is not None
             wants = [(slot.id, [*slot.tokens, slot.last], n) for slot, n in asks]
-            for (slot, _), draft in zip(asks, self._draft_model.draft(wants, self._spec.p_min), strict=True):
-                slot.draft = draft
-        for slot in generating:
-            if slot.draft and slot.sampler is not None and slot.sampler.constrained:
-                slot.draft = slot.draft[: slot.sampler.allowed(slot.draft)]
-            if len(slot.draft) < floor:
-                slot.draft = []
+            started = time.perf_counter()
+            answers = self._draft_model.draft(wants, self._spec.p_min) if self._draft_model is not None else []
+            self._price_drafts(time.perf_counter() - started, max(n for _, n in asks))
+            for (slot, _), draft in zip(asks, answers, strict=True):
+                draft = self._allowed(slot, draft)
+                slot.draft = draft if len(draft) >= floor else []
         return any(slot.draft for slot in generating)
+
+    def _allowed(self, slot: _Slot, draft: list[int]) -> list[int]:
+        """The part of ``draft`` a grammar's slot may decode (the whole draft for other slots)."""
+        if draft and slot.sampler is not None and slot.sampler.constrained:
+            return draft[: slot.sampler.allowed(draft)]
+        return draft
+
+    def _price_drafts(self, seconds: float, longest: int) -> None:
+        """A draft model's decodes took ``seconds`` for drafts of up to ``longest`` tokens: what drafting one more
+        token costs, a running mean of its recent drafts."""
+        per_token = seconds / max(1, longest)
+        self._draft_cost = per_token if self._draft_cost == 0.0 else 0.75 * self._draft_cost + 0.25 * per_token
 
     def _verify(self, slot: _Slot, rows: list[int]) -> None:
         """Sample ``slot`` row by row through its draft, keeping each drafted token its sampler picks as well.
@@ -688,6 +728,7 @@ class Batcher:
         seq.run.drafted += len(draft)
         seq.run.accepted += accepted
         drafts.record(len(draft), accepted)
+        self._acceptance.record(len(draft), accepted)
 
     def _retire(self, seq_id: int, start: int) -> None:
         """Drop positions ``start`` onwards of a sequence after a rejected draft.
@@ -817,7 +858,10 @@ class Batcher:
             self._short = self._short or given != threads
             self._use_threads(given)
             self._used = given[0] if self._batch.n_tokens == 1 else given[1]
-            return int(self._lc.llama_decode(self._ctx, self._batch))
+            started = time.perf_counter()
+            rc = int(self._lc.llama_decode(self._ctx, self._batch))
+            self._decode_s = time.perf_counter() - started
+            return rc
 
     def _use_threads(self, threads: tuple[int, int]) -> None:
         if threads != self._threads_set:

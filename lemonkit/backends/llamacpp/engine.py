@@ -252,6 +252,7 @@ class LlamaCppEngine:
             draft_min=min(draft_max, args.pop("draft_min", SpecSettings.draft_min)),  # a floor cannot pass the cap
             p_min=args.pop("draft_p_min", SpecSettings.p_min),
             ngram=args.pop("ngram_n", SpecSettings.ngram),
+            simple_max=args.pop("ngram_m", SpecSettings.simple_max),
             mod_match=args.pop("ngram_mod_match", SpecSettings.mod_match),
             mod_min=args.pop("ngram_mod_min", SpecSettings.mod_min),
             mod_max=args.pop("ngram_mod_max", SpecSettings.mod_max),

@@ -12,6 +12,12 @@ When another process takes one of the cores, a thread that is not scheduled hold
 SmolLM2 135M on 2 cores decoded 163 tok/s on 2 threads and 21 while one busy process ran, where one thread decoded
 160 and 162. So the thread count is chosen the same way, by what steps measured on this machine now.
 
+The same times price a speculative draft (:func:`~lemonkit.backends.llamacpp.drafts.draft_length`): a step of one
+sequence's token and ``k`` drafted tokens costs what a decode of ``1 + k`` rows measured (:meth:`StepCosts.curve`).
+On Gemma 3 270M (2 threads, batch-invariant kernels) a Xeon with AMX decoded 2 rows in 1.17 times one row's time, 4
+in 1.55, 8 in 2.3, 16 in 3.6 and 5 in 2.3 (more than 8), where an EPYC without AVX-512 took twice one row's time for
+two: the length worth drafting is a property of the machine, so it is measured, not set.
+
 With batch-invariant kernels a row's logits are the same bits in any split and on any number of threads, so this
 changes only the time a step takes, never an answer.
 """
@@ -63,11 +69,54 @@ class StepCosts:
         self._margin = margin
         self._times: dict[Step, deque[tuple[int, float]]] = {}  # (the step of its size, seconds)
         self._steps: dict[int, int] = {}  # steps planned by size
+        self._decoded: dict[int, deque[float]] = {}  # rows -> the last decodes of that many rows (price)
+        self._curve: list[float | None] | None = None  # curve()'s last answer, until a whole step is recorded
 
     def record(self, step: Step, seconds: float) -> None:
         """A step decoded as ``step`` took ``seconds``, sampling included."""
         at = self._steps.get(sum(step.parts), 0)
-        self._times.setdefault(step, deque(maxlen=self._window)).append((at, seconds))
+        times = self._times.setdefault(step, deque(maxlen=self._window))
+        times.append((at, seconds))
+
+    def price(self, rows: int, seconds: float) -> None:
+        """A ``llama_decode`` of ``rows`` generating rows (a sequence's token and its draft count as rows) took
+        ``seconds``: the decode alone, for :meth:`curve`. Sampling is left out: a token costs the same to sample
+        whether it was drafted or not, so it does not change which draft length is best."""
+        self._decoded.setdefault(rows, deque(maxlen=3)).append(seconds)
+        self._curve = None
+
+    def curve(self, upto: int) -> list[float | None]:
+        """What a decode of ``n`` generating rows is expected to take, for ``n`` from 0 to ``upto`` (index 0 is
+        None), from the decodes :meth:`price` was given.
+
+        A size decoded three times or more is the median of its last three. Other sizes lie on the straight line
+        between the nearest such sizes, past the largest at the largest's time and below the smallest at its time
+        per row; a size seen once or twice takes the lower of that and its own fastest decode. Untried sizes are
+        priced low on purpose (more rows never cost less): a draft priced by them is tried, and its decodes
+        measure the size. Every entry is None until a decode was priced.
+        """
+        if self._curve is not None and len(self._curve) > upto:
+            return self._curve
+        full = sorted((rows, statistics.median(t)) for rows, t in self._decoded.items() if len(t) == t.maxlen)
+        seen = {rows: min(t) for rows, t in self._decoded.items() if len(t) != t.maxlen}
+        sizes = full or sorted(seen.items())  # before any size was decoded thrice, what was seen draws the line
+        out: list[float | None] = [None] * (upto + 1)
+        i = 0
+        for n in range(1, upto + 1) if sizes else ():
+            while i < len(sizes) and sizes[i][0] < n:
+                i += 1
+            if i < len(sizes) and sizes[i][0] == n:
+                line = sizes[i][1]
+            elif i == 0:
+                line = sizes[0][1] * n / sizes[0][0]
+            elif i == len(sizes):
+                line = sizes[-1][1]
+            else:
+                (r0, c0), (r1, c1) = sizes[i - 1], sizes[i]
+                line = c0 + (c1 - c0) * (n - r0) / (r1 - r0)
+            out[n] = min(line, seen.get(n, line))
+        self._curve = out
+        return out
 
     def cost(self, step: Step) -> float | None:
         """The median time of a step decoded as ``step``, once three have been seen."""

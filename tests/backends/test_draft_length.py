@@ -1,0 +1,103 @@
+"""How long a draft the batcher decodes: the length that yields the most tokens per second by the sequence's
+acceptance and what steps of each size measured on this machine, from the step planner's times."""
+
+from __future__ import annotations
+
+import pytest
+
+from lemonkit.backends.llamacpp.drafts import Pacer, SpecSettings, draft_length, expected
+from lemonkit.backends.llamacpp.step_costs import StepCosts
+
+#: a step's time by its rows, as ratios of one row's: Gemma 3 270M on 2 threads, measured on two machines
+XEON_AMX = {1: 1.0, 2: 1.17, 3: 1.38, 4: 1.55, 5: 2.29, 6: 2.45, 8: 2.31, 12: 2.95, 16: 3.63, 24: 5.16, 32: 6.66}
+EPYC_AVX2 = {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0, 16: 16.0}
+
+
+def _curve(ratios: dict[int, float], upto: int = 64) -> list[float | None]:
+    costs = StepCosts(2)
+    for rows, ratio in ratios.items():
+        for _ in range(3):
+            costs.price(rows, ratio * 0.02)
+    return costs.curve(upto)
+
+
+def _rate(acceptance: float, k: int, rows: int, tokens: float, cost: list[float | None]) -> float:
+    seconds = cost[rows + k]
+    assert seconds is not None
+    return (tokens + expected(acceptance, k)) / seconds
+
+
+@pytest.mark.parametrize("acceptance", [0.3, 0.77, 0.95, 0.999])
+def test_the_length_chosen_yields_the_most_tokens_per_second(acceptance: float) -> None:
+    cost = _curve(XEON_AMX)
+    k = draft_length(acceptance, 40, 1, 1.0, cost)
+    assert all(_rate(acceptance, k, 1, 1.0, cost) >= _rate(acceptance, j, 1, 1.0, cost) for j in range(41))
+
+
+def test_where_rows_cost_their_share_no_draft_pays() -> None:
+    cost = _curve(EPYC_AVX2)
+    for acceptance in (0.5, 0.9, 0.99):
+        assert draft_length(acceptance, 16, 1, 1.0, cost) == 0
+
+
+def test_cheap_rows_buy_longer_drafts_as_acceptance_rises() -> None:
+    cost = _curve(XEON_AMX)
+    lengths = [draft_length(a, 40, 1, 1.0, cost) for a in (0.2, 0.5, 0.77, 0.95, 0.999)]
+    assert lengths == sorted(lengths) and lengths[0] <= 1 and lengths[-1] >= 16, lengths
+    assert draft_length(0.77, 40, 1, 1.0, cost) in (3, 4)  # 5 and 6 rows cost more than 8 here: never 4 or 5
+    assert draft_length(0.95, 40, 1, 1.0, cost) not in (4, 5)
+
+
+def test_rows_already_in_the_step_and_a_draft_models_own_time_shorten_the_draft() -> None:
+    cost = _curve(XEON_AMX)
+    alone = draft_length(0.9, 16, 1, 1.0, cost)
+    assert draft_length(0.9, 16, 8, 8.0, cost) < alone  # beside 7 other streams, rows are dearer
+    assert draft_length(0.9, 16, 1, 1.0, cost, per_token=0.01) < alone
+    assert draft_length(0.9, 16, 1, 1.0, cost, per_token=0.05) == 0
+
+
+def test_before_any_step_was_measured_the_whole_draft_is_tried() -> None:
+    assert draft_length(0.5, 12, 1, 1.0, StepCosts(2).curve(64)) == 12
+    assert draft_length(0.5, 12, 60, 60.0, StepCosts(2).curve(64)) == 4  # the rows the batch has left
+
+
+def test_the_curve_interpolates_and_prices_untried_sizes_low() -> None:
+    costs = StepCosts(2)
+    assert costs.curve(4) == [None] * 5
+    costs.price(2, 0.010)
+    assert costs.curve(8) == [None, 0.005, *[0.010] * 7]  # below: per row; above: the largest size's time
+    costs.price(2, 0.012)
+    costs.price(2, 0.011)  # three decodes: the median
+    for _ in range(3):
+        costs.price(6, 0.030)
+    curve = costs.curve(8)
+    assert curve[2] == 0.011 and curve[4] == pytest.approx(0.0205) and curve[6] == 0.030 and curve[8] == 0.030
+    costs.price(4, 0.090)  # once, and slow (a decode that reallocated its buffers): the line wins until measured
+    assert costs.curve(8)[4] == pytest.approx(0.0205)
+    costs.price(5, 0.012)  # once, and fast: tried until measured
+    assert costs.curve(8)[5] == 0.012
+    for seconds in (0.050, 0.060):
+        costs.price(5, seconds)
+    assert costs.curve(8)[5] == 0.050
+
+
+def test_acceptance_follows_recent_drafts_and_fades_back_when_drafts_are_skipped() -> None:
+    pacer = Pacer(SpecSettings(("ngram-simple",)))
+    assert pacer.acceptance == 0.5
+    for _ in range(6):
+        pacer.record(8, 8)
+    high = pacer.acceptance
+    assert high > 0.9
+    pacer.record(8, 0)
+    assert pacer.acceptance < high
+    for _ in range(9):
+        pacer.record(4, 0)
+    low = pacer.acceptance
+    assert low < 0.5  # ten failures in a row outweigh the 48 tokens accepted before them: those are older
+    cost = _curve(XEON_AMX)
+    assert draft_length(low, 16, 1, 1.0, cost) < draft_length(high, 16, 1, 1.0, cost)
+    for _ in range(8):
+        pacer.skipped()
+    assert low < pacer.acceptance < 0.5
+    pacer.reset()
+    assert pacer.acceptance == 0.5
