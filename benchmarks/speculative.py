@@ -6,7 +6,8 @@
 Everything on the bundled Gemma 3 270M (``Gemma-3-270m-GGUF``), greedy, one stream, the same GGUF, threads and
 context for every contender; ``llama-server`` is built as ``benchmarks/concurrency.py`` builds it.
 
-decode: three workloads, each request sent to every contender in turn (rounds interleave them):
+decode: three workloads, each request sent to every contender in turn (rounds interleave them), after one request
+    of each workload that is not measured:
     edit (a text to copy with one word changed, ``/v1/completions``), extract (``json_schema`` fields copied from a
     document, ``/v1/chat/completions``) and chat (free generation). Contenders: lemonkit without speculation,
     with ``--spec-type ngram-simple``, with ``ngram-mod`` and with ``ngram-simple`` on ggml's fast kernels
@@ -103,10 +104,13 @@ def _llama_server(binary: Path, gguf: Path, args: Any, extra: list[str]) -> Cont
 #: one per round, so no round is an exact repeat of another: ngram-mod's pool outlives requests, and a request asked
 #: again would copy its own earlier answer from it
 _VARIANTS = (("white", "20931", "a storm"), ("green", "31842", "a whale"), ("red", "42753", "a lost ship"))
+#: the request each contender answers once before the rounds, unmeasured: a server's first requests carry its
+#: start-up work (lemonkit's step planner tries its thread counts, ggml sizes its buffers for new batch shapes)
+_WARM_UP = ("yellow", "53664", "a fog")
 
 
 def _requests(model: str, tokens: int, round_: int = 0) -> dict[str, tuple[str, dict[str, Any]]]:
-    colour, number, topic = _VARIANTS[round_ % len(_VARIANTS)]
+    colour, number, topic = _WARM_UP if round_ < 0 else _VARIANTS[round_ % len(_VARIANTS)]
     greedy = {"model": model, "max_tokens": tokens, "temperature": 0}
     edit = EDIT.replace("'white'", f"'{colour}'")
     document = DOCUMENT.replace("20931", number)
@@ -138,6 +142,9 @@ def _measure(contender: Contender, route: str, body: dict[str, Any]) -> dict[str
 def bench_decode(lemonkits: list[tuple[str, Lemonkit]], servers: list[Contender], args: Any) -> None:
     contenders = [(name, lk.contender) for name, lk in lemonkits] + [(c.name, c) for c in servers]
     results: dict[str, dict[str, list[dict[str, float]]]] = {}
+    for route, body in _requests(GEMMA, args.tokens, -1).values():
+        for _, contender in contenders:
+            _measure(contender, route, body)
     for workload in _requests(GEMMA, args.tokens):
         for round_ in range(args.rounds):
             route, body = _requests(GEMMA, args.tokens, round_)[workload]
