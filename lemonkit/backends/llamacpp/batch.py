@@ -222,7 +222,7 @@ class Batcher:
         self._spec = spec if spec is not None and spec.on else None
         self._draft_model = draft_model if self._spec is not None and self._spec.wants_model else None
         self._draft_cost = 0.0  # seconds the draft model takes per drafted token (_price_drafts)
-        #: every slot's drafts, where a new sequence's start: the last hundred or so drafted tokens count
+        #: the acceptance of every slot's drafts, where a new sequence's starts: about the last hundred drafted tokens
         self._acceptance = Acceptance(decay=0.99)
         if self._spec is not None:
             s = self._spec
@@ -670,6 +670,7 @@ class Batcher:
                 k = max(pin, draft_length(acceptance, len(draft), rows, tokens, cost))
                 slot.draft = draft[:k] if k >= floor else []
             elif not draft and self._draft_model is not None and slot.reusable:
+                n = min(n, self._spec.draft_max)  # the draft model's context holds that many per slot
                 k = max(pin, draft_length(acceptance, n, rows, tokens, cost, self._draft_cost))
                 if k >= floor:
                     asks.append((slot, k))
