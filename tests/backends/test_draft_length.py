@@ -56,22 +56,43 @@ def test_rows_already_in_the_step_and_a_draft_models_own_time_shorten_the_draft(
     assert draft_length(0.9, 16, 1, 1.0, cost, per_token=0.05) == 0
 
 
-def test_before_any_step_was_measured_the_whole_draft_is_tried() -> None:
-    assert draft_length(0.5, 12, 1, 1.0, StepCosts(2).curve(64)) == 12
+def test_before_any_step_was_measured_a_draft_at_most_doubles_the_step() -> None:
+    assert draft_length(0.5, 12, 1, 1.0, StepCosts(2).curve(64)) == 1
+    assert draft_length(0.5, 12, 8, 8.0, StepCosts(2).curve(64)) == 8
     assert draft_length(0.5, 12, 60, 60.0, StepCosts(2).curve(64)) == 4  # the rows the batch has left
+
+
+@pytest.mark.parametrize(("ratios", "acceptance"), [(XEON_AMX, 0.9), (XEON_AMX, 0.6), (EPYC_AVX2, 0.9)])
+def test_drafts_explore_from_one_row_and_settle_on_the_best_length(ratios: dict[int, float], acceptance: float) -> None:
+    """From one-row steps only, the first draft at most doubles the step; each step's decode is priced, and the
+    length chosen settles where the machine's true costs yield the most tokens per second."""
+    true = _curve(ratios)
+    costs = StepCosts(2)
+    for _ in range(3):
+        costs.price(1, true[1] or 0.0)
+    assert draft_length(acceptance, 40, 1, 1.0, costs.curve(64)) <= 1
+    chosen = []
+    for _ in range(40):
+        k = draft_length(acceptance, 40, 1, 1.0, costs.curve(64))
+        chosen.append(k)
+        costs.price(1 + k, true[1 + k] or 0.0)
+    best = max(_rate(acceptance, j, 1, 1.0, true) for j in range(41))
+    assert _rate(acceptance, chosen[-1], 1, 1.0, true) >= 0.97 * best, chosen
 
 
 def test_the_curve_interpolates_and_prices_untried_sizes_low() -> None:
     costs = StepCosts(2)
     assert costs.curve(4) == [None] * 5
     costs.price(2, 0.010)
-    assert costs.curve(8) == [None, 0.005, *[0.010] * 7]  # below: per row; above: the largest size's time
+    # below: per row; above, with one point: its time up to twice its rows, then per row
+    assert costs.curve(8) == pytest.approx([None, 0.005, 0.010, 0.010, 0.010, 0.025, 0.030, 0.035, 0.040])
     costs.price(2, 0.012)
     costs.price(2, 0.011)  # three decodes: the median
     for _ in range(3):
         costs.price(6, 0.030)
     curve = costs.curve(8)
-    assert curve[2] == 0.011 and curve[4] == pytest.approx(0.0205) and curve[6] == 0.030 and curve[8] == 0.030
+    assert curve[2] == 0.011 and curve[4] == pytest.approx(0.0205) and curve[6] == 0.030
+    assert curve[8] == pytest.approx(0.030 + 2 * (0.030 - 0.011) / 4)  # past the largest: the average row's cost
     costs.price(4, 0.090)  # once, and slow (a decode that reallocated its buffers): the line wins until measured
     assert costs.curve(8)[4] == pytest.approx(0.0205)
     costs.price(5, 0.012)  # once, and fast: tried until measured
@@ -79,6 +100,25 @@ def test_the_curve_interpolates_and_prices_untried_sizes_low() -> None:
     for seconds in (0.050, 0.060):
         costs.price(5, seconds)
     assert costs.curve(8)[5] == 0.050
+
+
+#: SmolLM2 135M Instruct on a Xeon (2 threads): every row costs about the same, 4 ms beside one row's 11.2
+SMOLLM2 = {n: 0.0112 + 0.004 * (n - 1) for n in range(1, 13)}
+
+
+@pytest.mark.parametrize("acceptance", [0.3, 0.47, 0.7, 0.9])
+def test_past_the_sizes_measured_rows_are_not_priced_as_free(acceptance: float) -> None:
+    """Steps of up to 12 rows measured, drafts may reach 48: the rows beyond cost what the measured ones did."""
+    costs = StepCosts(2)
+    for rows, seconds in SMOLLM2.items():
+        for _ in range(3):
+            costs.price(rows, seconds)
+    true = [None, *(0.0112 + 0.004 * (n - 1) for n in range(1, 65))]
+    best = max(_rate(acceptance, j, 1, 1.0, true) for j in range(49))
+    k = draft_length(acceptance, 48, 1, 1.0, costs.curve(64))
+    assert _rate(acceptance, k, 1, 1.0, true) >= 0.97 * best, k
+    costs.price(41, true[41])  # a long draft tried once measures the far end
+    assert draft_length(acceptance, 48, 1, 1.0, costs.curve(64)) == k
 
 
 def test_acceptance_follows_recent_drafts_and_fades_back_when_drafts_are_skipped() -> None:

@@ -287,8 +287,8 @@ def draft_length(
     """
     top = min(longest, len(cost) - 1 - rows)
     base = cost[rows] if 0 < rows < len(cost) else None
-    if base is None:
-        return max(0, top)  # nothing measured yet: this step's time will be
+    if base is None:  # nothing measured yet: this step's time will be, at no more than twice its rows
+        return max(0, min(top, rows))
     best, best_rate = 0, tokens / base
     for k in range(1, top + 1):
         seconds = cost[rows + k]

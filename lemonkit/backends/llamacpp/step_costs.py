@@ -89,30 +89,43 @@ class StepCosts:
         """What a decode of ``n`` generating rows is expected to take, for ``n`` from 0 to ``upto`` (index 0 is
         None), from the decodes :meth:`price` was given.
 
-        A size decoded three times or more is the median of its last three. Other sizes lie on the straight line
-        between the nearest such sizes, past the largest at the largest's time and below the smallest at its time
-        per row; a size seen once or twice takes the lower of that and its own fastest decode. Untried sizes are
-        priced low on purpose (more rows never cost less): a draft priced by them is tried, and its decodes
-        measure the size. Every entry is None until a decode was priced.
+        A size decoded three times or more is the median of its last three, and a size seen once or twice above the
+        largest of those its fastest decode: these are the points. Other sizes lie on the straight line between the
+        nearest points, below the smallest at its time per row, and past the largest on the line from the smallest
+        point through it: rows beyond what was measured cost at least the average row so far (SmolLM2 135M's rows
+        each cost about the same, and a guess that they were free drafted 48 tokens a step at 30% acceptance).
+        Within the measured range a size seen once or twice takes the lower of the line and its own fastest decode,
+        so one slow decode does not price a size out before it was measured. With one point, sizes up to twice its
+        rows cost its time and larger ones its time per row: a draft priced by them is tried, its decode draws the
+        line, and a wrong guess costs one step of at most twice the rows measured. Every entry is None until a
+        decode was priced.
         """
         if self._curve is not None and len(self._curve) > upto:
             return self._curve
         full = sorted((rows, statistics.median(t)) for rows, t in self._decoded.items() if len(t) == t.maxlen)
         seen = {rows: min(t) for rows, t in self._decoded.items() if len(t) != t.maxlen}
-        sizes = full or sorted(seen.items())  # before any size was decoded thrice, what was seen draws the line
+        top = full[-1][0] if full else 0
+        points = sorted([*full, *((rows, seconds) for rows, seconds in seen.items() if rows > top)])
+        beyond = 0.0  # past the largest point, per row
+        if len(points) > 1:
+            (r0, c0), (r1, c1) = points[0], points[-1]
+            beyond = max(0.0, (c1 - c0) / (r1 - r0))
         out: list[float | None] = [None] * (upto + 1)
         i = 0
-        for n in range(1, upto + 1) if sizes else ():
-            while i < len(sizes) and sizes[i][0] < n:
+        for n in range(1, upto + 1) if points else ():
+            while i < len(points) and points[i][0] < n:
                 i += 1
-            if i < len(sizes) and sizes[i][0] == n:
-                line = sizes[i][1]
+            if i < len(points) and points[i][0] == n:
+                line = points[i][1]
             elif i == 0:
-                line = sizes[0][1] * n / sizes[0][0]
-            elif i == len(sizes):
-                line = sizes[-1][1]
+                line = points[0][1] * n / points[0][0]
+            elif i == len(points) and len(points) == 1:
+                r0, c0 = points[0]
+                line = c0 if n <= 2 * r0 else c0 * n / r0
+            elif i == len(points):
+                line = points[-1][1] + beyond * (n - points[-1][0])
             else:
-                (r0, c0), (r1, c1) = sizes[i - 1], sizes[i]
+                (r0, c0), (r1, c1) = points[i - 1], points[i]
                 line = c0 + (c1 - c0) * (n - r0) / (r1 - r0)
             out[n] = min(line, seen.get(n, line))
         self._curve = out
