@@ -11,6 +11,8 @@ from lemonkit.backends.llamacpp.step_costs import StepCosts
 #: a step's time by its rows, as ratios of one row's: Gemma 3 270M on 2 threads, measured on two machines
 XEON_AMX = {1: 1.0, 2: 1.17, 3: 1.38, 4: 1.55, 5: 2.29, 6: 2.45, 8: 2.31, 12: 2.95, 16: 3.63, 24: 5.16, 32: 6.66}
 EPYC_AVX2 = {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0, 16: 16.0}
+#: an EPYC with AVX-512 (VNNI, BF16), measured in-process: 2 to 4 rows cost alike, 8 less than 5
+EPYC_AVX512 = {1: 1.0, 2: 2.38, 3: 2.4, 4: 2.49, 5: 5.02, 6: 4.99, 8: 4.36, 12: 4.78, 16: 6.2, 24: 8.22, 32: 11.3}
 
 
 def _curve(ratios: dict[int, float], upto: int = 64) -> list[float | None]:
@@ -62,11 +64,24 @@ def test_before_any_step_was_measured_a_draft_at_most_doubles_the_step() -> None
     assert draft_length(0.5, 12, 60, 60.0, StepCosts(2).curve(64)) == 4  # the rows the batch has left
 
 
-@pytest.mark.parametrize(("ratios", "acceptance"), [(XEON_AMX, 0.9), (XEON_AMX, 0.6), (EPYC_AVX2, 0.9)])
-def test_drafts_explore_from_one_row_and_settle_on_the_best_length(ratios: dict[int, float], acceptance: float) -> None:
-    """From one-row steps only, the first draft at most doubles the step; each step's decode is priced, and the
-    length chosen settles where the machine's true costs yield the most tokens per second."""
-    true = _curve(ratios)
+@pytest.mark.parametrize(
+    ("ratios", "acceptance", "within"),
+    [
+        (XEON_AMX, 0.9, 0.97),
+        (XEON_AMX, 0.6, 0.97),
+        (EPYC_AVX2, 0.9, 0.97),
+        # its 12 rows cost less than the line from 8 to 16 says, and no draft length lands there to measure them
+        (EPYC_AVX512, 0.9, 0.9),
+        (EPYC_AVX512, 0.999, 0.95),
+    ],
+)
+def test_drafts_explore_from_one_row_and_settle_on_the_best_length(
+    ratios: dict[int, float], acceptance: float, within: float
+) -> None:
+    """From one-row steps only, the first draft at most doubles the step; each step's decode is priced, drafts grow
+    one doubling at a time while that pays, and the length chosen settles where the machine's true costs yield the
+    most tokens per second, less what pricing the sizes between measured ones on a line misses."""
+    true = _curve(ratios, 128)
     costs = StepCosts(2)
     for _ in range(3):
         costs.price(1, true[1] or 0.0)
@@ -77,22 +92,23 @@ def test_drafts_explore_from_one_row_and_settle_on_the_best_length(ratios: dict[
         chosen.append(k)
         costs.price(1 + k, true[1 + k] or 0.0)
     best = max(_rate(acceptance, j, 1, 1.0, true) for j in range(41))
-    assert _rate(acceptance, chosen[-1], 1, 1.0, true) >= 0.97 * best, chosen
+    assert _rate(acceptance, chosen[-1], 1, 1.0, true) >= within * best, chosen
 
 
 def test_the_curve_interpolates_and_prices_untried_sizes_low() -> None:
     costs = StepCosts(2)
     assert costs.curve(4) == [None] * 5
     costs.price(2, 0.010)
-    # below: per row; above, with one point: its time up to twice its rows, then per row
-    assert costs.curve(8) == pytest.approx([None, 0.005, 0.010, 0.010, 0.010, 0.025, 0.030, 0.035, 0.040])
+    # below: per row; above, with one point: its time up to twice its rows, then its time per row more each
+    assert costs.curve(8) == pytest.approx([None, 0.005, 0.010, 0.010, 0.010, 0.015, 0.020, 0.025, 0.030])
     costs.price(2, 0.012)
     costs.price(2, 0.011)  # three decodes: the median
     for _ in range(3):
         costs.price(6, 0.030)
     curve = costs.curve(8)
     assert curve[2] == 0.011 and curve[4] == pytest.approx(0.0205) and curve[6] == 0.030
-    assert curve[8] == pytest.approx(0.030 + 2 * (0.030 - 0.011) / 4)  # past the largest: the average row's cost
+    assert curve[8] == 0.030  # up to twice the largest point: its time
+    assert costs.curve(16)[14] == pytest.approx(0.030 + 2 * (0.030 - 0.011) / 4)  # then the average row's cost
     costs.price(4, 0.090)  # once, and slow (a decode that reallocated its buffers): the line wins until measured
     assert costs.curve(8)[4] == pytest.approx(0.0205)
     costs.price(5, 0.012)  # once, and fast: tried until measured
@@ -106,19 +122,25 @@ def test_the_curve_interpolates_and_prices_untried_sizes_low() -> None:
 SMOLLM2 = {n: 0.0112 + 0.004 * (n - 1) for n in range(1, 13)}
 
 
-@pytest.mark.parametrize("acceptance", [0.3, 0.47, 0.7, 0.9])
-def test_past_the_sizes_measured_rows_are_not_priced_as_free(acceptance: float) -> None:
-    """Steps of up to 12 rows measured, drafts may reach 48: the rows beyond cost what the measured ones did."""
+@pytest.mark.parametrize("acceptance", [0.3, 0.47, 0.7, 0.9, 0.999])
+def test_past_the_sizes_measured_rows_are_tried_one_doubling_at_a_time(acceptance: float) -> None:
+    """Steps of up to 12 rows measured, drafts may reach 48: a size past 24 rows is never drafted before 24 was
+    measured, and after at most three steps that try a longer draft (24, 48, 49 rows) the choice is the best there
+    is."""
     costs = StepCosts(2)
     for rows, seconds in SMOLLM2.items():
         for _ in range(3):
             costs.price(rows, seconds)
     true = [None, *(0.0112 + 0.004 * (n - 1) for n in range(1, 65))]
     best = max(_rate(acceptance, j, 1, 1.0, true) for j in range(49))
-    k = draft_length(acceptance, 48, 1, 1.0, costs.curve(64))
-    assert _rate(acceptance, k, 1, 1.0, true) >= 0.97 * best, k
-    costs.price(41, true[41])  # a long draft tried once measures the far end
-    assert draft_length(acceptance, 48, 1, 1.0, costs.curve(64)) == k
+    tried = 0
+    for _ in range(8):
+        k = draft_length(acceptance, 48, 1, 1.0, costs.curve(64))
+        assert 1 + k <= 2 * max(costs._decoded)
+        if 1 + k not in costs._decoded:
+            tried += 1
+        costs.price(1 + k, true[1 + k] or 0.0)
+    assert tried <= 3 and _rate(acceptance, k, 1, 1.0, true) >= 0.97 * best, (tried, k)
 
 
 def test_acceptance_follows_recent_drafts_and_fades_back_when_drafts_are_skipped() -> None:
