@@ -58,6 +58,7 @@ class LoadSpec(TypedDict, total=False):
     mmproj_path: str | None
     draft_path: str | None  # a draft model for speculative decoding (-md, the "draft" checkpoint, a companion)
     chat_format: str | None
+    labels: list[str]  # the registry row's labels (``mtp`` switches MTP drafts on by default)
     options: dict[str, Any]  # resolved recipe options: ctx_size, llamacpp_args, ...
     device_budget: int | None  # bytes of device memory the model may take (the manager's placement), if capped
     auto_ctx_limit: int | None  # the most tokens an automatic context may have (the manager's, from memory)

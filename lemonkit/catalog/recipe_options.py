@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_DRAFT_MAX",
     "DEFAULT_N_BATCH",
     "DEFAULT_N_PARALLEL",
+    "MTP_DRAFT_MAX",
     "RECIPE_DEFAULTS",
     "RECIPE_OPTIONS",
     "ResolvedOptions",
@@ -66,6 +67,8 @@ DEFAULT_N_BATCH = 512
 DEFAULT_N_PARALLEL = 4
 #: The longest draft of speculative decoding (``--spec-draft-n-max``), llama-server's default
 DEFAULT_DRAFT_MAX = 16
+#: The mtp label's ``--spec-draft-n-max`` (the spec's MTP defaults): a next-n head drafts a few tokens well
+MTP_DRAFT_MAX = 3
 
 #: recipe -> every load option it takes, with lemonkit's default (the bottom of the chain)
 RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {

@@ -118,7 +118,7 @@ def _on_off(value: str) -> bool:
 
 #: ``--spec-type`` values lemonkit speculates with (:mod:`lemonkit.backends.llamacpp.drafts`); a comma list tries
 #: them in order, as llama-server does
-SPEC_TYPES = ("none", "ngram-simple", "ngram-mod", "draft-simple")
+SPEC_TYPES = ("none", "ngram-simple", "ngram-mod", "draft-simple", "draft-mtp")
 
 
 def _spec_type(value: str) -> tuple[str, ...]:
@@ -126,9 +126,12 @@ def _spec_type(value: str) -> tuple[str, ...]:
     unknown = [k for k in kinds if k not in SPEC_TYPES]
     if not kinds or unknown:
         raise ValueError(
-            "none, or ngram-simple, ngram-mod and draft-simple separated by commas (the sequence's own n-grams, a "
-            "pool the model's slots share, a draft model); MTP, EAGLE3 and DFlash heads are not served by lemonkit"
+            "none, or ngram-simple, ngram-mod, draft-simple and draft-mtp separated by commas (the sequence's own "
+            "n-grams, a pool the model's slots share, a draft model, the model's own MTP layers); EAGLE3 and DFlash "
+            "heads are not served by lemonkit"
         )
+    if "draft-simple" in kinds and "draft-mtp" in kinds:
+        raise ValueError("draft-simple or draft-mtp, not both: a slot's drafts come from one model")
     return () if kinds == ("none",) else tuple(k for k in kinds if k != "none")
 
 

@@ -92,6 +92,7 @@ async def plan_load(settings: Settings, registry: Registry, info: ModelInfo, opt
         "mmproj_path": str(files.mmproj) if files.mmproj else None,
         "draft_path": str(draft) if draft else None,
         "chat_format": info.chat_format,
+        "labels": list(info.labels),  # the mtp label's speculative defaults
         "options": options,
         "auto_ctx_limit": auto_limit,
     }

@@ -25,6 +25,7 @@ __all__ = [
     "write_tiny_bert_reranker",
     "write_tiny_llama",
     "write_tiny_mmproj",
+    "write_tiny_mtp",
 ]
 
 N_EMBD = 64
@@ -172,6 +173,7 @@ def _write(
     vocab: _Vocab,
     weights: _Weights,
     configure: Callable[[GGUFWriter], None],
+    n_layer: int = N_LAYER,
 ) -> Path:
     """Write the hyperparameters every tiny model shares, the vocab, arch-specific keys and tensors."""
     path = Path(path)
@@ -180,7 +182,7 @@ def _write(
     writer.add_name(name)
     writer.add_context_length(n_ctx_train)
     writer.add_embedding_length(N_EMBD)
-    writer.add_block_count(N_LAYER)
+    writer.add_block_count(n_layer)
     writer.add_feed_forward_length(N_FF)
     writer.add_head_count(N_HEAD)
     writer.add_tokenizer_model(tokenizer)
@@ -218,6 +220,19 @@ def _llama_vocab(words: Iterable[str] = WORDS) -> _Vocab:
     return vocab
 
 
+def _quiet(output: np.ndarray, vocab: _Vocab, extra: Iterable[str] = ()) -> None:
+    """Zero the output rows of special tokens (so replies are not cut short) and of every byte but printable ASCII
+    and newline: non-UTF-8 output makes llama-cpp-python's streaming hold back partial characters at 12-15 ms/token,
+    not ~0.2 ms. A zero row gives logit 0 while the ~850 ordinary pieces get N(0, 1) logits, so such a token never
+    wins greedily (nor within top-k 40)."""
+    keep = set(extra)
+    printable = {ord(c) for c in string.printable if c not in "\t\r\x0b\x0c"}
+    for token_id, (token, kind) in enumerate(zip(vocab.tokens, vocab.types, strict=True)):
+        is_odd_byte = kind == TokenType.BYTE and int(token[3:5], 16) not in printable
+        if (is_odd_byte or kind in (TokenType.CONTROL, TokenType.UNKNOWN)) and token not in keep:
+            output[token_id] = 0.0
+
+
 def write_tiny_llama(
     path: str | os.PathLike[str],
     *,
@@ -246,16 +261,7 @@ def write_tiny_llama(
     w = _Weights(seed)
     w.normal("token_embd.weight", n_vocab, N_EMBD)
     w.norm("output_norm", bias=False)
-    output = w.normal("output.weight", n_vocab, N_EMBD)
-    # A zero row gives logit 0 while the ~850 ordinary pieces get N(0, 1) logits, so that token
-    # never wins greedily (nor within top-k 40). Zero the special tokens (so replies are not cut
-    # short) and every byte but printable ASCII and newline: non-UTF-8 output makes
-    # llama-cpp-python's streaming hold back partial characters at 12-15 ms/token, not ~0.2 ms.
-    printable = {ord(c) for c in string.printable if c not in "\t\r\x0b\x0c"}
-    for token_id, (token, kind) in enumerate(zip(vocab.tokens, vocab.types, strict=True)):
-        is_odd_byte = kind == TokenType.BYTE and int(token[3:5], 16) not in printable
-        if (is_odd_byte or kind in (TokenType.CONTROL, TokenType.UNKNOWN)) and token not in extra:
-            output[token_id] = 0.0
+    _quiet(w.normal("output.weight", n_vocab, N_EMBD), vocab, extra)
     for layer in range(N_LAYER):
         blk = f"blk.{layer}"
         w.norm(f"{blk}.attn_norm", bias=False)
@@ -288,6 +294,96 @@ def write_tiny_llama(
         vocab=vocab,
         weights=w,
         configure=configure,
+    )
+
+
+# --------------------------------------------------------------------------- GLM-4.5 layout with an MTP layer
+
+#: the MTP layer's mixture of experts: experts, experts per token, each expert's FFN width
+_MTP_EXPERTS, _MTP_EXPERTS_USED, _MTP_N_FF_EXP = 4, 2, 32
+
+
+def write_tiny_mtp(path: str | os.PathLike[str], *, seed: int = 0, predictable: bool = False) -> Path:
+    """Write a random-weight GLM-4.5-architecture (``glm4moe``) chat GGUF with one MTP (next-n) layer; return its path.
+
+    The trunk is :data:`N_LAYER` dense layers; the next-n block after them is a mixture of experts with a shared
+    expert, as GLM-4.5's, with the ``nextn`` projections that read the trunk's hidden state. Same vocabulary and
+    ChatML template as :func:`write_tiny_llama`; its MTP drafts are as random as its text.
+
+    Args:
+        predictable: Make the head draft what the trunk will say: every block's attention and FFN outputs are
+            zero, so the trunk's next token is a fixed function of the last one (its embedding through the output
+            norm and head), and the head's projection passes the token's embedding alone through the same norm and
+            head, which is the trunk's next token after it. Its drafts are all accepted.
+    """
+    vocab = _llama_vocab()
+    n_vocab = len(vocab.tokens)
+    w = _Weights(seed)
+    w.normal("token_embd.weight", n_vocab, N_EMBD)
+    w.norm("output_norm", bias=False)
+    _quiet(w.normal("output.weight", n_vocab, N_EMBD), vocab)
+    experts, n_ff_exp = _MTP_EXPERTS, _MTP_N_FF_EXP
+    for layer in range(N_LAYER + 1):
+        blk = f"blk.{layer}"
+        w.norm(f"{blk}.attn_norm", bias=False)
+        for proj in ("attn_q", "attn_k", "attn_v"):
+            w.linear(f"{blk}.{proj}", N_EMBD, N_EMBD, bias=True)  # GLM's attention has biases
+        w.linear(f"{blk}.attn_output", N_EMBD, N_EMBD, bias=False)
+        w.norm(f"{blk}.post_attention_norm", bias=False)
+        if layer < N_LAYER:
+            w.linear(f"{blk}.ffn_gate", N_FF, N_EMBD, bias=False)
+            w.linear(f"{blk}.ffn_up", N_FF, N_EMBD, bias=False)
+            w.linear(f"{blk}.ffn_down", N_EMBD, N_FF, bias=False)
+            continue
+        w.normal(f"{blk}.ffn_gate_inp.weight", experts, N_EMBD)
+        w.const(f"{blk}.exp_probs_b.bias", 0.0, experts)
+        w.normal(f"{blk}.ffn_gate_exps.weight", experts, n_ff_exp, N_EMBD)
+        w.normal(f"{blk}.ffn_up_exps.weight", experts, n_ff_exp, N_EMBD)
+        w.normal(f"{blk}.ffn_down_exps.weight", experts, N_EMBD, n_ff_exp)
+        w.linear(f"{blk}.ffn_gate_shexp", n_ff_exp, N_EMBD, bias=False)
+        w.linear(f"{blk}.ffn_up_shexp", n_ff_exp, N_EMBD, bias=False)
+        w.linear(f"{blk}.ffn_down_shexp", N_EMBD, n_ff_exp, bias=False)
+        w.normal(f"{blk}.nextn.eh_proj.weight", N_EMBD, 2 * N_EMBD)
+        w.norm(f"{blk}.nextn.enorm", bias=False)
+        w.norm(f"{blk}.nextn.hnorm", bias=False)
+    if predictable:
+        for name, array in w.tensors.items():
+            outputs = ("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight")
+            if name.endswith(outputs):
+                array[...] = 0.0
+        eh_proj = w.tensors[f"blk.{N_LAYER}.nextn.eh_proj.weight"]  # input: the token's normed embedding, then h
+        eh_proj[...] = 0.0
+        eh_proj[:, :N_EMBD] = np.eye(N_EMBD, dtype=np.float32)
+        w.tensors["output.weight"] *= 32.0  # logits N(0, 1024): the head is sure of its picks (over --spec-draft-p-min)
+
+    def configure(writer: GGUFWriter) -> None:
+        writer.add_head_count_kv(N_HEAD)
+        writer.add_rope_dimension_count(N_EMBD // N_HEAD)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_vocab_size(n_vocab)
+        writer.add_bos_token_id(vocab.ids["<s>"])
+        writer.add_eos_token_id(vocab.ids["<|im_end|>"])
+        writer.add_unk_token_id(vocab.ids["<unk>"])
+        writer.add_add_bos_token(True)
+        writer.add_add_eos_token(False)
+        writer.add_chat_template(CHATML_TEMPLATE)
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(_MTP_EXPERTS_USED)
+        writer.add_expert_shared_count(1)
+        writer.add_expert_feed_forward_length(n_ff_exp)
+        writer.add_leading_dense_block_count(N_LAYER)  # the trunk is dense; the MTP block is the MoE one
+        writer.add_uint32("glm4moe.nextn_predict_layers", 1)
+
+    return _write(
+        path,
+        "glm4moe",
+        name="tiny-glm4moe-mtp",
+        n_ctx_train=4096,
+        tokenizer="llama",
+        vocab=vocab,
+        weights=w,
+        configure=configure,
+        n_layer=N_LAYER + 1,
     )
 
 

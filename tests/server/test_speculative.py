@@ -1,7 +1,8 @@
-"""Speculative decoding with n-gram drafts (``--spec-type ngram-simple``, ``ngram-mod``) and draft models (``-md``,
-a "draft" checkpoint, a companion GGUF): the tokens are those decoding one at a time gives (greedy and seeded
-sampling, alone and beside other streams in one batch, under a grammar), a sequence that repeats itself accepts
-drafts, which ``timings`` reports, and a draft model of another vocabulary is refused at load."""
+"""Speculative decoding with n-gram drafts (``--spec-type ngram-simple``, ``ngram-mod``), draft models (``-md``,
+a "draft" checkpoint, a companion GGUF) and a model's own MTP layers (``draft-mtp``, the ``mtp`` label): the tokens
+are those decoding one at a time gives (greedy and seeded sampling, alone and beside other streams in one batch,
+under a grammar), a sequence that repeats itself accepts drafts, which ``timings`` reports, and a draft model of
+another vocabulary is refused at load."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from lemonkit.catalog.placement import PROCESS_BYTES, MiB, host_estimate
 from lemonkit.formats.gguf_header import read_gguf_layout
 from tests.support.hosts import API_KEY, Host, Standalone
 from tests.support.session import HF_CACHE
-from tests.support.tiny_models import DRAFTED, OTHER_VOCAB, TEST_REPO, TINY, WITH_COMPANION
+from tests.support.tiny_models import DRAFTED, MTP, MTP_LABEL_ONLY, OTHER_VOCAB, TEST_REPO, TINY, WITH_COMPANION
 
 SPEC = "--spec-type ngram-simple --draft-max 8"
 #: drafts of a fixed length (--spec-draft-n-min at --spec-draft-n-max, never stopped by the draft model's doubt), so
@@ -156,7 +157,8 @@ async def test_the_flags_are_checked(host: Host) -> None:
     async with host.client() as client:
         for args, word in (
             ("--spec-type eagle", "ngram-simple"),
-            ("--spec-type draft-mtp", "MTP"),
+            ("--spec-type draft-mtp", "MTP"),  # tiny-llama has no MTP layers
+            ("--spec-type draft-simple,draft-mtp", "not both"),
             ("--spec-type ngram-simple --draft-max 0", "1"),
             ("--spec-draft-p-min 1.5", "probability"),
             ("-md /etc/passwd", "registered model"),
@@ -166,6 +168,42 @@ async def test_the_flags_are_checked(host: Host) -> None:
             refused = await client.post("load", json={"model_name": TINY, "llamacpp_args": args})
             assert refused.status_code == 400, refused.text
             assert word in refused.json()["error"]["message"], (args, refused.text)
+
+
+async def _speculative_slots(client: httpx.AsyncClient, model: str) -> list[bool]:
+    slots = (await client.get("slots", params={"model": model})).json()
+    return [slot["speculative"] for slot in slots]
+
+
+async def test_mtp_drafts_change_no_token_and_the_mtp_label_switches_them_on() -> None:
+    """The mtp label's defaults (draft-mtp, 3 tokens, p-min 0.75) on a model with an MTP layer: the same tokens as
+    without, alone and beside other streams, and the head's drafts, which say what the trunk will, accepted. The
+    label on a model whose file has no MTP layers loads it without speculation."""
+    server = Standalone({"LEMONADE_API_KEY": API_KEY})
+    try:
+        host = Host("standalone", server.root, API_KEY)
+        async with host.client() as client:
+            await _load(client, "--spec-type none", MTP)
+            assert await _speculative_slots(client, MTP) == [False] * 4
+            plain = await _workload(client, MTP)
+            # the label's draft-mtp, pinned to drafting on every step whatever a step of this tiny model costs
+            await _load(client, "--spec-draft-n-min 1", MTP)
+            assert await _speculative_slots(client, MTP) == [True] * 4
+            drafted = await _workload(client, MTP)
+            again = await _complete(client, COPY, MTP, temperature=0.9, seed=11)
+            await client.post("unload", json={"model_name": MTP})
+            await _load(client, "", MTP_LABEL_ONLY)
+            assert await _speculative_slots(client, MTP_LABEL_ONLY) == [False] * 4
+            no_head = await _complete(client, COPY, MTP_LABEL_ONLY)
+    finally:
+        server.stop()
+    _same_tokens(drafted, plain)
+    assert _texts([again]) == _texts([drafted["together"][3]])  # reproducible by its seed, drafts or not
+    greedy = drafted["alone"] + drafted["together"][:3]
+    n = sum(a["timings"].get("draft_n", 0) for a in greedy)
+    accepted = sum(a["timings"].get("draft_n_accepted", 0) for a in greedy)
+    assert n > 0 and accepted >= 0.9 * n, (n, accepted)
+    assert "draft_n" not in no_head["timings"] and no_head["usage"]["completion_tokens"] == 48
 
 
 async def test_a_draft_model_of_another_vocabulary_is_refused_at_load(host: Host) -> None:

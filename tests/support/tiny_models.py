@@ -12,6 +12,8 @@ __all__ = [
     "DRAFTED",
     "EMBED",
     "GEMMA",
+    "MTP",
+    "MTP_LABEL_ONLY",
     "OTHER_VOCAB",
     "RERANK",
     "TEST_REPO",
@@ -34,6 +36,10 @@ DRAFTED = "user.tiny-llama-drafted"
 WITH_COMPANION = "user.tiny-llama-companion"
 #: a tiny llama whose vocabulary holds other words: no draft model for the others
 OTHER_VOCAB = "user.tiny-other-vocab"
+#: a tiny GLM-4.5-layout model with an MTP layer that drafts what the trunk says, labelled ``mtp``
+MTP = "user.tiny-mtp"
+#: tiny-llama labelled ``mtp``, whose file has no MTP layers
+MTP_LABEL_ONLY = "user.tiny-llama-mtp-label"
 COMPANION_REPO = "lemonkit-test/tiny-companion-GGUF"
 #: the bundled Gemma 3 270M (real weights)
 GEMMA = "Gemma-3-270m-GGUF"
@@ -47,6 +53,7 @@ def write_models() -> None:
         write_tiny_bert_reranker,
         write_tiny_llama,
         write_tiny_mmproj,
+        write_tiny_mtp,
     )
 
     snapshot = _snapshot(TEST_REPO)
@@ -56,6 +63,7 @@ def write_models() -> None:
     write_tiny_bert_reranker(snapshot / "tiny-rerank.gguf")
     write_tiny_mmproj(snapshot / "mmproj-tiny.gguf")
     write_tiny_llama(snapshot / "tiny-other-vocab.gguf", words=[w[::-1] for w in WORDS])
+    write_tiny_mtp(snapshot / "tiny-mtp.gguf", predictable=True)
     companion = _snapshot(COMPANION_REPO)
     write_tiny_llama(companion / "tiny-llama.gguf")
     write_tiny_llama(companion / "tiny-llama-draft.gguf", seed=1)
@@ -87,6 +95,12 @@ def write_models() -> None:
             "checkpoint": f"{TEST_REPO}:tiny-other-vocab.gguf",
             "recipe": "llamacpp",
             "labels": ["chat"],
+        },
+        "tiny-mtp": {"checkpoint": f"{TEST_REPO}:tiny-mtp.gguf", "recipe": "llamacpp", "labels": ["chat", "mtp"]},
+        "tiny-llama-mtp-label": {
+            "checkpoint": f"{TEST_REPO}:tiny-llama.gguf",
+            "recipe": "llamacpp",
+            "labels": ["chat", "mtp"],
         },
         "not-gguf": {"checkpoint": f"{TEST_REPO}:not-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
         "broken-gguf": {"checkpoint": f"{TEST_REPO}:broken-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from lemonkit.backends.llamacpp.answers import Run
     from lemonkit.backends.llamacpp.draft_model import DraftModel
     from lemonkit.backends.llamacpp.jobs import Job
+    from lemonkit.backends.llamacpp.mtp import MtpHead
     from lemonkit.backends.llamacpp.vision import Vision
 
 __all__ = ["Batcher", "End", "Seq", "parallel_context"]
@@ -108,12 +109,13 @@ class _Slot:
 
 
 @contextlib.contextmanager
-def parallel_context(n_seq: int, *, repack: bool = True) -> Iterator[None]:
+def parallel_context(n_seq: int, *, repack: bool = True, mtp: bool = False) -> Iterator[None]:
     """Make the ``llama_cpp.Llama`` created inside build its context for ``n_seq`` sequences in a unified cache.
 
     ``Llama()`` has no such arguments (0.3.36): it sets only the fields it knows, so the model and context classes
     it calls are wrapped for the duration. ``repack=False`` is llama-server's ``--no-repack``: weights stay in their
-    file layout instead of the CPU's gemm-friendly one. Load one model at a time (a sidecar loads one).
+    file layout instead of the CPU's gemm-friendly one; ``mtp`` loads the model's MTP layers too (skipped otherwise).
+    Load one model at a time (a sidecar loads one).
     """
     from llama_cpp import llama as llama_module
 
@@ -129,6 +131,7 @@ def parallel_context(n_seq: int, *, repack: bool = True) -> Iterator[None]:
     class Model(model_class):  # type: ignore[misc, valid-type]
         def __init__(self, *, path_model: str, params: Any, verbose: bool = True) -> None:
             params.use_extra_bufts = repack
+            params.load_mtp = mtp
             super().__init__(path_model=path_model, params=params, verbose=verbose)
 
     internals.LlamaContext, internals.LlamaModel = ParallelContext, Model  # type: ignore[misc]
@@ -155,6 +158,8 @@ class Batcher:
         cache_ram: Bytes of host memory for prompts evicted from the slots (0: none, negative: no bound).
         spec: Speculative decoding (:mod:`~lemonkit.backends.llamacpp.drafts`); None: none.
         draft_model: Drafts for ``draft-simple`` (the batcher closes it); None: none.
+        mtp: Drafts for ``draft-mtp``: the target's next-n head, which the batcher keeps in step with every decode
+            (the batcher closes it); None: none.
         retire_seq: With ``spare_seq`` and ``spec``, a sequence id that takes over rejected drafts' cells, so that
             no cell below another sequence's is freed (see :meth:`_retire`).
     """
@@ -174,6 +179,7 @@ class Batcher:
         spec: SpecSettings | None = None,
         retire_seq: int | None = None,
         draft_model: DraftModel | None = None,
+        mtp: MtpHead | None = None,
     ) -> None:
         import llama_cpp as lc
         import numpy as np
@@ -221,6 +227,9 @@ class Batcher:
         self.cache = PromptCache(cache_ram) if cache_ram else None
         self._spec = spec if spec is not None and spec.on else None
         self._draft_model = draft_model if self._spec is not None and self._spec.wants_model else None
+        self._mtp = mtp if self._spec is not None and self._spec.wants_mtp else None
+        #: what drafts for a slot that its n-grams give nothing: the draft model or the MTP head
+        self._drafter: DraftModel | MtpHead | None = self._draft_model or self._mtp
         self._draft_cost = 0.0  # seconds the draft model takes per drafted token (_price_drafts)
         #: the acceptance of every slot's drafts, where a new sequence's starts: about the last hundred drafted tokens
         self._acceptance = Acceptance(decay=0.99)
@@ -278,8 +287,8 @@ class Batcher:
             self._cond.notify()
         self._thread.join()
         self._lc.llama_batch_free(self._batch)
-        if self._draft_model is not None:
-            self._draft_model.close()
+        if self._drafter is not None:
+            self._drafter.close()
 
     def save_slot(self, slot_id: int, path: str) -> dict[str, Any]:
         """Write an idle slot's cached prompt (its tokens and K/V) to ``path`` (llama-server's ``action=save``)."""
@@ -628,6 +637,7 @@ class Batcher:
             self._make_room(rc)
             return False
         now = time.perf_counter()
+        before = [slot.n_past for slot, _ in planned]
         for slot, part in planned:
             if slot.draft:
                 self._verify(slot, part)
@@ -642,7 +652,21 @@ class Batcher:
                 slot.seq.prefilled_at = now
                 slot.seq.run.prompt_ms = (now - slot.t_admit) * 1000.0
             self._sample(slot)
+        if self._mtp is not None:
+            self._mirror(planned, before)
         return True
+
+    def _mirror(self, planned: list[tuple[_Slot, list[int]]], before: list[int]) -> None:
+        """Hand the MTP head what each text slot of the decode kept (its rows lie in ``planned``'s order from row 0),
+        before the next decode overwrites the target's hidden states."""
+        assert self._mtp is not None
+        kept, row = [], 0
+        for (slot, part), n_past in zip(planned, before, strict=True):
+            n = slot.n_past - n_past
+            if slot.reusable and n > 0:
+                kept.append((slot.id, n_past, slot.tokens[n_past : n_past + n], row))
+            row += len(part)
+        self._mtp.mirror(kept)
 
     def _draft(self, generating: list[_Slot]) -> bool:
         """Give each generating slot that drafts this step a draft, within the batch's rows, the tokens the slot may
@@ -669,8 +693,8 @@ class Batcher:
             if len(draft) >= floor:
                 k = max(pin, draft_length(acceptance, len(draft), rows, tokens, cost))
                 slot.draft = draft[:k] if k >= floor else []
-            elif not draft and self._draft_model is not None and slot.reusable:
-                n = min(n, self._spec.draft_max)  # the draft model's context holds that many per slot
+            elif not draft and self._drafter is not None and slot.reusable:
+                n = min(n, self._spec.draft_max)  # the drafter's context holds that many per slot
                 k = max(pin, draft_length(acceptance, n, rows, tokens, cost, self._draft_cost))
                 if k >= floor:
                     asks.append((slot, k))
@@ -683,7 +707,7 @@ class Batcher:
         if asks:
             wants = [(slot.id, [*slot.tokens, slot.last], n) for slot, n in asks]
             started = time.perf_counter()
-            answers = self._draft_model.draft(wants, self._spec.p_min) if self._draft_model is not None else []
+            answers = self._drafter.draft(wants, self._spec.p_min) if self._drafter is not None else []
             self._price_drafts(time.perf_counter() - started, max(n for _, n in asks))
             for (slot, _), draft in zip(asks, answers, strict=True):
                 draft = self._allowed(slot, draft)
@@ -921,6 +945,8 @@ class Batcher:
         lc = self._lc
         if self._spare is not None and lc.llama_memory_seq_pos_max(self._mem, seq_id) >= start:
             self._compact_due = True
+        if self._mtp is not None and seq_id < len(self._slots):
+            self._mtp.forget(seq_id, start)
         return bool(lc.llama_memory_seq_rm(self._mem, seq_id, start if start > 0 else -1, -1))
 
     def _window_intact(self, seq_id: int, n_past: int) -> bool:

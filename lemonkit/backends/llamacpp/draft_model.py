@@ -23,11 +23,18 @@ from lemonkit.backends.llamacpp.cpu_turns import Turn, any_cores, on_cores
 from lemonkit.backends.llamacpp.prompt_cache import common_prefix
 from lemonkit.errors import ModelLoadError, ModelLoadRefused
 
-__all__ = ["DraftModel", "check_vocab"]
+__all__ = ["DraftModel", "check_vocab", "greedy_pick"]
 
 #: how far two vocabularies' sizes may differ for one to draft for the other (llama-server's rule: added tokens at
 #: the end)
 VOCAB_SIZE_SLACK = 128
+
+
+def greedy_pick(np: Any, logits: Any) -> tuple[int, float]:
+    """A logits row's greedy token and its softmax probability (a draft's confidence in it)."""
+    token = int(logits.argmax())
+    total = float(np.exp(logits - logits[token]).sum())
+    return token, 1.0 / total if total > 0 and math.isfinite(total) else 0.0
 
 
 def check_vocab(target: Any, draft: Any, name: str) -> None:
@@ -213,10 +220,7 @@ class DraftModel:
         """The draft model's greedy token at logits row ``idx``, with its probability."""
         np = self._np
         logits = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(self._ctx, idx), shape=(self._n_vocab,))
-        token = int(logits.argmax())
-        top = float(logits[token])
-        total = float(np.exp(logits - top).sum())
-        return token, 1.0 / total if total > 0 and math.isfinite(total) else 0.0
+        return greedy_pick(np, logits)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

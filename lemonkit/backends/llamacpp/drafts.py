@@ -1,6 +1,7 @@
 """Draft tokens for speculative decoding: from the sequence itself, from a pool the model's slots share, or from a
-draft model (:mod:`~lemonkit.backends.llamacpp.draft_model`), as llama-server's ``--spec-type`` values
-``ngram-simple``, ``ngram-mod`` and ``draft-simple``.
+draft model (:mod:`~lemonkit.backends.llamacpp.draft_model`) or the target's own MTP head
+(:mod:`~lemonkit.backends.llamacpp.mtp`), as llama-server's ``--spec-type`` values ``ngram-simple``, ``ngram-mod``,
+``draft-simple`` and ``draft-mtp``.
 
 A sequence that copies (an edit of a given text, fields extracted from a document, a turn quoting an earlier one)
 repeats runs of its own prompt and output: ``ngram-simple`` (:class:`NgramIndex`) indexes every n-gram of the
@@ -51,7 +52,7 @@ class SpecSettings:
     """How a model speculates (llama-server's flags): ``--spec-type`` (tried in order), ``--spec-draft-n-max``,
     ``--spec-draft-n-min``, ``--spec-draft-p-min`` and the n-gram sizes."""
 
-    kinds: tuple[str, ...] = ()  # of "ngram-simple", "ngram-mod", "draft-simple"; empty: none
+    kinds: tuple[str, ...] = ()  # of "ngram-simple", "ngram-mod", "draft-simple", "draft-mtp"; empty: none
     draft_max: int = DEFAULT_DRAFT_MAX  # a draft model's longest draft
     draft_min: int = 0
     #: a draft model stops drafting at a token it gives less than this probability (llama-server's default)
@@ -69,6 +70,10 @@ class SpecSettings:
     @property
     def wants_model(self) -> bool:
         return "draft-simple" in self.kinds
+
+    @property
+    def wants_mtp(self) -> bool:
+        return "draft-mtp" in self.kinds
 
     def cap(self, kind: str) -> int:
         """The longest draft of ``kind``."""
@@ -239,7 +244,7 @@ class SeqDrafts:
             self._pooled = len(self.tokens)
 
     def lookup(self, room: int) -> list[int]:
-        """An n-gram draft of up to ``room`` tokens, or none (then a draft model may draft)."""
+        """An n-gram draft of up to ``room`` tokens, or none (then a draft model or the MTP head may draft)."""
         self.used_pool = False
         for kind in self.settings.kinds:
             draft: list[int] = []

@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from lemonkit.backends.chat import (
@@ -45,16 +45,24 @@ from lemonkit.backends.llamacpp.drafts import SpecSettings
 from lemonkit.backends.llamacpp.generation import Generator, Sampling, check_arg, top_logprobs
 from lemonkit.backends.llamacpp.jobs import Job
 from lemonkit.backends.llamacpp.kernels import reference_kernels
+from lemonkit.backends.llamacpp.mtp import MtpHead, mtp_layers
 from lemonkit.backends.llamacpp.sampler import ReasoningBudget
 from lemonkit.backends.llamacpp.vision import Vision, decode_data_url
 from lemonkit.backends.protocol import Cancelled, LoadSpec
 from lemonkit.catalog.placement import MiB, estimate, fit_layers
-from lemonkit.catalog.recipe_options import DEFAULT_N_BATCH, DEFAULT_N_PARALLEL, draft_context, llamacpp_context_size
+from lemonkit.catalog.recipe_options import (
+    DEFAULT_N_BATCH,
+    DEFAULT_N_PARALLEL,
+    MTP_DRAFT_MAX,
+    draft_context,
+    llamacpp_context_size,
+)
 from lemonkit.errors import (
     BackendUnavailable,
     InvalidArgument,
     KernelsUnavailable,
     ModelLoadError,
+    ModelLoadRefused,
     ModelNotApplicable,
     NotEmbeddingModel,
 )
@@ -133,7 +141,7 @@ class LlamaCppEngine:
         self._sampling = Sampling.from_args(args)
         n_parallel = args.pop("n_parallel", DEFAULT_N_PARALLEL)
         cache_ram = args.pop("cache_ram", DEFAULT_CACHE_RAM)
-        speculation = self._speculation_settings(args, spec.get("draft_path"))
+        speculation = self._speculation_settings(args, spec.get("draft_path"), spec.get("labels") or ())
         # sequences beside the slots: one for padding (see kernels), one for rejected drafts' cells (see batch)
         limit = llama_cpp.llama_max_parallel_sequences() - 1 - speculation.on
         if n_parallel < 1 or n_parallel > limit:
@@ -174,7 +182,9 @@ class LlamaCppEngine:
                 if self.kind == "llm":
                     with (
                         self._kernels(invariant) as switched,
-                        parallel_context(self._n_parallel + switched * (1 + speculation.on), repack=repack),
+                        parallel_context(
+                            self._n_parallel + switched * (1 + speculation.on), repack=repack, mtp=speculation.wants_mtp
+                        ),
                     ):
                         self._llm: Any = llama_cpp.Llama(model_path=path, **kwargs)
                 else:
@@ -199,9 +209,20 @@ class LlamaCppEngine:
         self._vision = Vision(self._llm, mmproj) if mmproj and self.kind == "llm" else None
         self._turns = _cpu_turns()
         self._turn: Turn = self._turns.turn if self._turns is not None else any_cores
-        draft_model = None
-        if speculation.wants_model:
-            try:
+        draft_model = mtp = None
+        try:
+            speculation = self._speculation = self._usable(speculation)
+            if speculation.wants_mtp:
+                mtp = MtpHead(
+                    self._llm,
+                    n_seq=self._n_parallel,
+                    n_ctx=draft_context(ctx, self._n_parallel, speculation.draft_max),
+                    n_batch=kwargs["n_batch"],
+                    threads=(threads, kwargs["n_threads_batch"]),
+                    is_eog=functools.partial(_vocab_eog, self._llm._model.vocab),
+                    turn=self._turn,
+                )
+            if speculation.wants_model:
                 with load_on(chosen):
                     draft_model = DraftModel(
                         str(spec.get("draft_path")),
@@ -217,11 +238,13 @@ class LlamaCppEngine:
                         # crashed the process in its first drafts, with the target there decoding fine
                         n_gpu_layers=0,
                     )
-            except BaseException:
-                self._llm.close()
-                if self._turns is not None:
-                    self._turns.close()
-                raise
+        except BaseException:
+            if mtp is not None:
+                mtp.close()
+            self._llm.close()
+            if self._turns is not None:
+                self._turns.close()
+            raise
         self._gen = Generator(
             self._llm,
             self._vision,
@@ -232,20 +255,28 @@ class LlamaCppEngine:
             cache_ram=cache_ram * 2**20 if cache_ram > 0 else cache_ram,
             spec=speculation,
             draft_model=draft_model,
+            mtp=mtp,
         )
         if self.kind == "llm":
             self._gen.preserve(self._chat_format.markers)
         self._gen.context_hint = _context_hint(str(spec.get("model_name") or "the model"), ctx, self.n_ctx_train)
 
-    def _speculation_settings(self, args: dict[str, Any], draft_path: str | None) -> SpecSettings:
+    def _speculation_settings(
+        self, args: dict[str, Any], draft_path: str | None, labels: Iterable[str]
+    ) -> SpecSettings:
         """``--spec-type`` and its sizes (popped from ``args``); a draft model (``-md``, the registry's draft
         checkpoint or a companion GGUF, resolved by the server into ``draft_path``) makes ``draft-simple`` the
-        default type, as ``-md`` does in llama-server."""
+        default type, as ``-md`` does in llama-server, and the ``mtp`` label ``draft-mtp`` with its sizes (the
+        spec's defaults: 3 tokens, p-min 0.75), where the model turns out to have usable MTP layers (see
+        :meth:`_usable`)."""
         args.pop("model_draft", None)  # the server resolved it into draft_path
         kinds = args.pop("spec_type", None)
+        #: speculation is the mtp label's default, not asked for: a model that cannot do it loads without
+        self._spec_by_label = kinds is None and not draft_path and "mtp" in labels
         if kinds is None:
-            kinds = ("draft-simple",) if draft_path else ()
-        draft_max = args.pop("draft_max", SpecSettings.draft_max)
+            kinds = ("draft-simple",) if draft_path else ("draft-mtp",) if self._spec_by_label else ()
+        mtp = "draft-mtp" in kinds
+        draft_max = args.pop("draft_max", MTP_DRAFT_MAX if mtp else SpecSettings.draft_max)
         settings = SpecSettings(
             kinds=kinds if self.kind == "llm" else (),
             draft_max=draft_max,
@@ -264,6 +295,35 @@ class LlamaCppEngine:
             )
         self._speculation = settings
         return settings
+
+    def _usable(self, settings: SpecSettings) -> SpecSettings:
+        """``settings`` once the model is loaded: speculation off where the model cannot speculate and only the
+        ``mtp`` label asked for it.
+
+        Raises:
+            ModelLoadRefused: ``--spec-type`` asked for what the model cannot do: drafts on a model with recurrent
+                layers (Mamba, RWKV, Qwen3.5's delta-net), whose state cannot drop rejected drafts here, or
+                ``draft-mtp`` on a model without MTP layers.
+        """
+        import llama_cpp
+
+        if not settings.on:
+            return settings
+        model = self._llm._model.model
+        recurrent = llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
+        no_head = settings.wants_mtp and mtp_layers(self._llm) <= 0
+        if not (recurrent or no_head):
+            return settings
+        if self._spec_by_label:
+            why = "it has recurrent layers" if recurrent else "its file has no MTP layers"
+            log.info("the mtp label's draft-mtp is off for this model: %s", why)
+            return dataclasses.replace(settings, kinds=())
+        if recurrent:
+            raise ModelLoadRefused(
+                "llamacpp_args: --spec-type: this model has recurrent layers (a state per sequence, not a cache per "
+                "token), which lemonkit cannot roll back past rejected drafts; load it without --spec-type"
+            )
+        return settings  # MtpHead refuses it, saying why
 
     def _placement(
         self, spec: LoadSpec, args: dict[str, Any], path: str, *, ctx: int, n_ubatch: int
@@ -409,6 +469,7 @@ class LlamaCppEngine:
             "chat_template": "jinja" if self._template is not None else self._format_name,
             "engine": self._fingerprint,
             "slots": self._n_parallel,  # requests served at once: the manager admits this many
+            "speculative": list(self._speculation.kinds),  # --spec-type in use, the mtp label's default included
         }
 
     def stats(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from lemonkit.formats.generation_metrics import GenerationTotals
 
 if TYPE_CHECKING:
     from lemonkit.backends.llamacpp.draft_model import DraftModel
+    from lemonkit.backends.llamacpp.mtp import MtpHead
     from lemonkit.backends.llamacpp.vision import Vision
 
 __all__ = ["DEFAULT_SAMPLING", "MAX_TOP_LOGPROBS", "Generator", "Job", "Sampling", "check_arg", "top_logprobs"]
@@ -213,6 +214,7 @@ class Generator:
         cache_ram: Bytes of host memory for prompts evicted from the slots (0: none, negative: no bound).
         spec: Speculative decoding; with ``invariant`` the context holds one more sequence for rejected drafts.
         draft_model: The draft model of ``draft-simple`` (closed with the generator), or None.
+        mtp: The MTP head of ``draft-mtp`` (closed with the generator), or None.
     """
 
     def __init__(
@@ -227,6 +229,7 @@ class Generator:
         cache_ram: int = 0,
         spec: SpecSettings | None = None,
         draft_model: DraftModel | None = None,
+        mtp: MtpHead | None = None,
     ) -> None:
         import llama_cpp
 
@@ -257,6 +260,7 @@ class Generator:
             spec=spec,
             retire_seq=n_parallel + 1 if invariant and spec is not None and spec.on else None,
             draft_model=draft_model,
+            mtp=mtp,
         )
 
     @property
