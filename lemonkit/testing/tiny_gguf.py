@@ -24,6 +24,7 @@ __all__ = [
     "write_tiny_bert_embedding",
     "write_tiny_bert_reranker",
     "write_tiny_llama",
+    "write_tiny_mamba",
     "write_tiny_mmproj",
     "write_tiny_mtp",
 ]
@@ -384,6 +385,63 @@ def write_tiny_mtp(path: str | os.PathLike[str], *, seed: int = 0, predictable: 
         weights=w,
         configure=configure,
         n_layer=N_LAYER + 1,
+    )
+
+
+# --------------------------------------------------------------------------- Mamba (a recurrent model)
+
+#: Mamba's sizes: the inner width (llama.cpp takes twice the embedding only), state, convolution and time-step rank
+_SSM_INNER, _SSM_STATE, _SSM_CONV, _SSM_DT_RANK = 2 * N_EMBD, 16, 4, 4
+
+
+def write_tiny_mamba(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Write a random-weight Mamba chat GGUF (recurrent layers: a state per sequence, no KV cache); return its path.
+
+    Same vocabulary and ChatML template as :func:`write_tiny_llama`.
+    """
+    vocab = _llama_vocab()
+    n_vocab = len(vocab.tokens)
+    w = _Weights(seed)
+    w.normal("token_embd.weight", n_vocab, N_EMBD)
+    w.norm("output_norm", bias=False)
+    _quiet(w.normal("output.weight", n_vocab, N_EMBD), vocab)
+    for layer in range(N_LAYER):
+        blk = f"blk.{layer}"
+        w.norm(f"{blk}.attn_norm", bias=False)
+        w.normal(f"{blk}.ssm_in.weight", 2 * _SSM_INNER, N_EMBD)
+        w.normal(f"{blk}.ssm_conv1d.weight", _SSM_INNER, _SSM_CONV)
+        w.const(f"{blk}.ssm_conv1d.bias", 0.0, _SSM_INNER)
+        w.normal(f"{blk}.ssm_x.weight", _SSM_DT_RANK + 2 * _SSM_STATE, _SSM_INNER)
+        w.normal(f"{blk}.ssm_dt.weight", _SSM_INNER, _SSM_DT_RANK)
+        w.const(f"{blk}.ssm_dt.bias", 0.0, _SSM_INNER)
+        # A = -exp(A_log) with A_log = log(1..d_state), as Mamba initialises it: every state decays
+        w.tensors[f"{blk}.ssm_a"] = -np.tile(np.arange(1, _SSM_STATE + 1, dtype=np.float32), (_SSM_INNER, 1))
+        w.const(f"{blk}.ssm_d", 1.0, _SSM_INNER)
+        w.normal(f"{blk}.ssm_out.weight", N_EMBD, _SSM_INNER)
+
+    def configure(writer: GGUFWriter) -> None:
+        writer.add_ssm_conv_kernel(_SSM_CONV)
+        writer.add_ssm_inner_size(_SSM_INNER)
+        writer.add_ssm_state_size(_SSM_STATE)
+        writer.add_ssm_time_step_rank(_SSM_DT_RANK)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_vocab_size(n_vocab)
+        writer.add_bos_token_id(vocab.ids["<s>"])
+        writer.add_eos_token_id(vocab.ids["<|im_end|>"])
+        writer.add_unk_token_id(vocab.ids["<unk>"])
+        writer.add_add_bos_token(True)
+        writer.add_add_eos_token(False)
+        writer.add_chat_template(CHATML_TEMPLATE)
+
+    return _write(
+        path,
+        "mamba",
+        name="tiny-mamba",
+        n_ctx_train=4096,
+        tokenizer="llama",
+        vocab=vocab,
+        weights=w,
+        configure=configure,
     )
 
 

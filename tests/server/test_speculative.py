@@ -16,7 +16,7 @@ from lemonkit.catalog.placement import PROCESS_BYTES, MiB, host_estimate
 from lemonkit.formats.gguf_header import read_gguf_layout
 from tests.support.hosts import API_KEY, Host, Standalone
 from tests.support.session import HF_CACHE
-from tests.support.tiny_models import DRAFTED, MTP, MTP_LABEL_ONLY, OTHER_VOCAB, TEST_REPO, TINY, WITH_COMPANION
+from tests.support.tiny_models import DRAFTED, MAMBA, MTP, MTP_LABEL_ONLY, OTHER_VOCAB, TEST_REPO, TINY, WITH_COMPANION
 
 SPEC = "--spec-type ngram-simple --draft-max 8"
 #: drafts of a fixed length (--spec-draft-n-min at --spec-draft-n-max, never stopped by the draft model's doubt), so
@@ -204,6 +204,32 @@ async def test_mtp_drafts_change_no_token_and_the_mtp_label_switches_them_on() -
     accepted = sum(a["timings"].get("draft_n_accepted", 0) for a in greedy)
     assert n > 0 and accepted >= 0.9 * n, (n, accepted)
     assert "draft_n" not in no_head["timings"] and no_head["usage"]["completion_tokens"] == 48
+
+
+async def test_speculation_a_model_cannot_do_is_refused_at_load(host: Host) -> None:
+    """``draft-mtp`` on a model without MTP layers, and any draft on a recurrent model (Mamba: its state cannot
+    drop rejected drafts), are refused with a 400 that says why; the mtp label on the recurrent model loads it
+    without speculation, and it answers."""
+    async with host.client() as client:
+        for model, args, why in (
+            (TINY, "--spec-type draft-mtp", "no MTP"),
+            (MAMBA, "--spec-type ngram-simple", "recurrent"),
+            (MAMBA, "--spec-type ngram-mod,draft-mtp", "recurrent"),
+        ):
+            refused = await client.post("load", json={"model_name": model, "llamacpp_args": args})
+            assert refused.status_code == 400, (args, refused.text)
+            error = refused.json()["error"]
+            assert error["code"] == "model_load_refused" and why in error["message"], (args, error)
+        health = (await client.get("health")).json()
+        assert MAMBA not in [m["model_name"] for m in health.get("all_models_loaded", [])]
+        try:
+            await _load(client, "", MAMBA)
+            assert await _speculative_slots(client, MAMBA) == [False] * 4
+            answers = await asyncio.gather(*(_complete(client, p, MAMBA) for p in PROMPTS))
+        finally:
+            await client.post("unload", json={"model_name": MAMBA})
+    for answer in answers:
+        assert answer["usage"]["completion_tokens"] == 48 and "draft_n" not in answer["timings"], answer
 
 
 async def test_a_draft_model_of_another_vocabulary_is_refused_at_load(host: Host) -> None:

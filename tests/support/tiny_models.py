@@ -12,6 +12,7 @@ __all__ = [
     "DRAFTED",
     "EMBED",
     "GEMMA",
+    "MAMBA",
     "MTP",
     "MTP_LABEL_ONLY",
     "OTHER_VOCAB",
@@ -40,6 +41,8 @@ OTHER_VOCAB = "user.tiny-other-vocab"
 MTP = "user.tiny-mtp"
 #: tiny-llama labelled ``mtp``, whose file has no MTP layers
 MTP_LABEL_ONLY = "user.tiny-llama-mtp-label"
+#: a tiny Mamba (recurrent layers), labelled ``mtp``
+MAMBA = "user.tiny-mamba"
 COMPANION_REPO = "lemonkit-test/tiny-companion-GGUF"
 #: the bundled Gemma 3 270M (real weights)
 GEMMA = "Gemma-3-270m-GGUF"
@@ -52,6 +55,7 @@ def write_models() -> None:
         write_tiny_bert_embedding,
         write_tiny_bert_reranker,
         write_tiny_llama,
+        write_tiny_mamba,
         write_tiny_mmproj,
         write_tiny_mtp,
     )
@@ -64,6 +68,7 @@ def write_models() -> None:
     write_tiny_mmproj(snapshot / "mmproj-tiny.gguf")
     write_tiny_llama(snapshot / "tiny-other-vocab.gguf", words=[w[::-1] for w in WORDS])
     write_tiny_mtp(snapshot / "tiny-mtp.gguf", predictable=True)
+    write_tiny_mamba(snapshot / "tiny-mamba.gguf")
     companion = _snapshot(COMPANION_REPO)
     write_tiny_llama(companion / "tiny-llama.gguf")
     write_tiny_llama(companion / "tiny-llama-draft.gguf", seed=1)
@@ -102,6 +107,7 @@ def write_models() -> None:
             "recipe": "llamacpp",
             "labels": ["chat", "mtp"],
         },
+        "tiny-mamba": {"checkpoint": f"{TEST_REPO}:tiny-mamba.gguf", "recipe": "llamacpp", "labels": ["chat", "mtp"]},
         "not-gguf": {"checkpoint": f"{TEST_REPO}:not-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
         "broken-gguf": {"checkpoint": f"{TEST_REPO}:broken-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
     }
