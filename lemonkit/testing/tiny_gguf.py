@@ -23,6 +23,7 @@ __all__ = [
     "png_data_url",
     "write_tiny_bert_embedding",
     "write_tiny_bert_reranker",
+    "write_tiny_lfm2",
     "write_tiny_llama",
     "write_tiny_mamba",
     "write_tiny_mmproj",
@@ -442,6 +443,67 @@ def write_tiny_mamba(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
         vocab=vocab,
         weights=w,
         configure=configure,
+    )
+
+
+# --------------------------------------------------------------------------- LFM2 (a hybrid model)
+
+#: LFM2's layers: short convolutions (a recurrent state per sequence) around one attention layer
+_LFM2_LAYERS = ("conv", "attention", "conv")
+_LFM2_CONV = 3  # the convolution's length (``shortconv.l_cache``)
+
+
+def write_tiny_lfm2(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
+    """Write a random-weight LFM2 chat GGUF, a hybrid model (recurrent convolution layers and an attention layer,
+    whose states llama.cpp can roll back a few tokens); return its path.
+
+    Same vocabulary and ChatML template as :func:`write_tiny_llama`.
+    """
+    vocab = _llama_vocab()
+    n_vocab = len(vocab.tokens)
+    w = _Weights(seed)
+    w.normal("token_embd.weight", n_vocab, N_EMBD)
+    w.norm("token_embd_norm", bias=False)  # LFM2's output norm, under this name
+    _quiet(w.normal("output.weight", n_vocab, N_EMBD), vocab)
+    for layer, kind in enumerate(_LFM2_LAYERS):
+        blk = f"blk.{layer}"
+        w.norm(f"{blk}.attn_norm", bias=False)
+        w.norm(f"{blk}.ffn_norm", bias=False)
+        w.linear(f"{blk}.ffn_gate", N_FF, N_EMBD, bias=False)
+        w.linear(f"{blk}.ffn_up", N_FF, N_EMBD, bias=False)
+        w.linear(f"{blk}.ffn_down", N_EMBD, N_FF, bias=False)
+        if kind == "attention":
+            w.const(f"{blk}.attn_q_norm.weight", 1.0, N_EMBD // N_HEAD)
+            w.const(f"{blk}.attn_k_norm.weight", 1.0, N_EMBD // N_HEAD)
+            for proj in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                w.linear(f"{blk}.{proj}", N_EMBD, N_EMBD, bias=False)
+        else:
+            w.normal(f"{blk}.shortconv.conv.weight", N_EMBD, _LFM2_CONV)
+            w.normal(f"{blk}.shortconv.in_proj.weight", 3 * N_EMBD, N_EMBD)
+            w.normal(f"{blk}.shortconv.out_proj.weight", N_EMBD, N_EMBD)
+
+    def configure(writer: GGUFWriter) -> None:
+        writer.add_head_count_kv([N_HEAD if kind == "attention" else 0 for kind in _LFM2_LAYERS])
+        writer.add_uint32("lfm2.shortconv.l_cache", _LFM2_CONV)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_vocab_size(n_vocab)
+        writer.add_bos_token_id(vocab.ids["<s>"])
+        writer.add_eos_token_id(vocab.ids["<|im_end|>"])
+        writer.add_unk_token_id(vocab.ids["<unk>"])
+        writer.add_add_bos_token(True)
+        writer.add_add_eos_token(False)
+        writer.add_chat_template(CHATML_TEMPLATE)
+
+    return _write(
+        path,
+        "lfm2",
+        name="tiny-lfm2",
+        n_ctx_train=4096,
+        tokenizer="llama",
+        vocab=vocab,
+        weights=w,
+        configure=configure,
+        n_layer=len(_LFM2_LAYERS),
     )
 
 

@@ -16,7 +16,17 @@ from lemonkit.catalog.placement import PROCESS_BYTES, MiB, host_estimate
 from lemonkit.formats.gguf_header import read_gguf_layout
 from tests.support.hosts import API_KEY, Host, Standalone
 from tests.support.session import HF_CACHE
-from tests.support.tiny_models import DRAFTED, MAMBA, MTP, MTP_LABEL_ONLY, OTHER_VOCAB, TEST_REPO, TINY, WITH_COMPANION
+from tests.support.tiny_models import (
+    DRAFTED,
+    HYBRID,
+    MAMBA,
+    MTP,
+    MTP_LABEL_ONLY,
+    OTHER_VOCAB,
+    TEST_REPO,
+    TINY,
+    WITH_COMPANION,
+)
 
 SPEC = "--spec-type ngram-simple --draft-max 8"
 #: drafts of a fixed length (--spec-draft-n-min at --spec-draft-n-max, never stopped by the draft model's doubt), so
@@ -204,6 +214,31 @@ async def test_mtp_drafts_change_no_token_and_the_mtp_label_switches_them_on() -
     accepted = sum(a["timings"].get("draft_n_accepted", 0) for a in greedy)
     assert n > 0 and accepted >= 0.9 * n, (n, accepted)
     assert "draft_n" not in no_head["timings"] and no_head["usage"]["completion_tokens"] == 48
+
+
+async def test_a_hybrid_model_rolls_its_recurrent_state_back_past_rejected_drafts() -> None:
+    """LFM2's convolution layers keep a state per sequence, which llama.cpp rolls back into the state it kept for
+    the last accepted token: drafts of a draft model (of another model's weights, so mostly rejected) and n-gram
+    drafts change no token, alone and beside other streams. The mtp label does not switch MTP on beside recurrent
+    layers."""
+    server = Standalone({"LEMONADE_API_KEY": API_KEY})
+    try:
+        host = Host("standalone", server.root, API_KEY)
+        async with host.client() as client:
+            await _load(client, "", HYBRID)
+            assert await _speculative_slots(client, HYBRID) == [False] * 4  # the mtp label's default stays off
+            plain = await _workload(client, HYBRID)
+            await _load(client, f"-md {TINY} {PINNED}", HYBRID)
+            modelled = await _workload(client, HYBRID)
+            await _load(client, "--spec-type ngram-simple,ngram-mod --spec-draft-n-max 4", HYBRID)
+            ngrams = await _workload(client, HYBRID)
+    finally:
+        server.stop()
+    _same_tokens(modelled, plain)
+    _same_tokens(ngrams, plain)
+    drafted, accepted = _drafted(modelled)
+    # every step drafted 4 tokens and most were rejected: each rejection rolled the state back
+    assert drafted >= 4 * 48 and drafted - accepted >= 48, (drafted, accepted)
 
 
 async def test_speculation_a_model_cannot_do_is_refused_at_load(host: Host) -> None:

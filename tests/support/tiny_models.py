@@ -12,6 +12,7 @@ __all__ = [
     "DRAFTED",
     "EMBED",
     "GEMMA",
+    "HYBRID",
     "MAMBA",
     "MTP",
     "MTP_LABEL_ONLY",
@@ -43,6 +44,8 @@ MTP = "user.tiny-mtp"
 MTP_LABEL_ONLY = "user.tiny-llama-mtp-label"
 #: a tiny Mamba (recurrent layers), labelled ``mtp``
 MAMBA = "user.tiny-mamba"
+#: a tiny LFM2 (recurrent convolutions beside attention), with tiny-llama's vocabulary, labelled ``mtp``
+HYBRID = "user.tiny-lfm2"
 COMPANION_REPO = "lemonkit-test/tiny-companion-GGUF"
 #: the bundled Gemma 3 270M (real weights)
 GEMMA = "Gemma-3-270m-GGUF"
@@ -54,6 +57,7 @@ def write_models() -> None:
         WORDS,
         write_tiny_bert_embedding,
         write_tiny_bert_reranker,
+        write_tiny_lfm2,
         write_tiny_llama,
         write_tiny_mamba,
         write_tiny_mmproj,
@@ -69,6 +73,7 @@ def write_models() -> None:
     write_tiny_llama(snapshot / "tiny-other-vocab.gguf", words=[w[::-1] for w in WORDS])
     write_tiny_mtp(snapshot / "tiny-mtp.gguf", predictable=True)
     write_tiny_mamba(snapshot / "tiny-mamba.gguf")
+    write_tiny_lfm2(snapshot / "tiny-lfm2.gguf")
     companion = _snapshot(COMPANION_REPO)
     write_tiny_llama(companion / "tiny-llama.gguf")
     write_tiny_llama(companion / "tiny-llama-draft.gguf", seed=1)
@@ -108,6 +113,7 @@ def write_models() -> None:
             "labels": ["chat", "mtp"],
         },
         "tiny-mamba": {"checkpoint": f"{TEST_REPO}:tiny-mamba.gguf", "recipe": "llamacpp", "labels": ["chat", "mtp"]},
+        "tiny-lfm2": {"checkpoint": f"{TEST_REPO}:tiny-lfm2.gguf", "recipe": "llamacpp", "labels": ["chat", "mtp"]},
         "not-gguf": {"checkpoint": f"{TEST_REPO}:not-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
         "broken-gguf": {"checkpoint": f"{TEST_REPO}:broken-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
     }

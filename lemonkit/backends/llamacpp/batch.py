@@ -109,12 +109,14 @@ class _Slot:
 
 
 @contextlib.contextmanager
-def parallel_context(n_seq: int, *, repack: bool = True, mtp: bool = False) -> Iterator[None]:
+def parallel_context(n_seq: int, *, repack: bool = True, mtp: bool = False, n_rs_seq: int = 0) -> Iterator[None]:
     """Make the ``llama_cpp.Llama`` created inside build its context for ``n_seq`` sequences in a unified cache.
 
     ``Llama()`` has no such arguments (0.3.36): it sets only the fields it knows, so the model and context classes
     it calls are wrapped for the duration. ``repack=False`` is llama-server's ``--no-repack``: weights stay in their
-    file layout instead of the CPU's gemm-friendly one; ``mtp`` loads the model's MTP layers too (skipped otherwise).
+    file layout instead of the CPU's gemm-friendly one; ``mtp`` loads the model's MTP layers too (skipped otherwise);
+    ``n_rs_seq`` is how many tokens back a recurrent layer's state can be rolled back (llama.cpp keeps a state per
+    token of a sequence's last decode, up to that many, where the architecture supports it; others ignore it).
     Load one model at a time (a sidecar loads one).
     """
     from llama_cpp import llama as llama_module
@@ -126,6 +128,7 @@ def parallel_context(n_seq: int, *, repack: bool = True, mtp: bool = False) -> I
         def __init__(self, *, model: Any, params: Any, verbose: bool = True) -> None:
             params.n_seq_max = n_seq
             params.kv_unified = True  # one sequence may fill the whole context, as in llama-server
+            params.n_rs_seq = n_rs_seq
             super().__init__(model=model, params=params, verbose=verbose)
 
     class Model(model_class):  # type: ignore[misc, valid-type]
@@ -238,7 +241,12 @@ class Batcher:
             pool = NgramPool(s.mod_match, s.mod_min, s.mod_max) if "ngram-mod" in s.kinds else None
             for slot in self._slots:
                 slot.drafts = SeqDrafts(s, pool)
-        self._retire_seq = retire_seq if self._spec is not None else None
+        #: recurrent layers (a state per sequence): a sequence is cut back only to roll back a rejected draft, into
+        #: the per-token states its verification decode left (see _retire); its state cannot be shared either
+        self._recurrent = bool(
+            lc.llama_model_is_recurrent(llm._model.model) or lc.llama_model_is_hybrid(llm._model.model)
+        )
+        self._retire_seq = retire_seq if self._spec is not None and not self._recurrent else None
         self._retired = 0  # cells the retire sequence holds
         self._thread = threading.Thread(target=self._loop, name="llama-decode", daemon=True)
         self._thread.start()
@@ -748,28 +756,40 @@ class Batcher:
             slot.tokens.append(token)  # its K/V is already in the cache: the decode computed it
             slot.n_past += 1
             accepted += 1
-        if accepted < len(draft):
-            self._retire(slot.id, slot.n_past)
+        if accepted < len(draft) and not self._retire(slot.id, slot.n_past):
+            slot.reusable = False  # its cache holds the rejected draft: the next prompt is evaluated whole
+            if slot.seq is not None:
+                self._outbox.append((seq, RuntimeError("llama.cpp could not roll back a recurrent state")))
+                self._end(slot, None)
         seq.run.drafted += len(draft)
         seq.run.accepted += accepted
         drafts.record(len(draft), accepted)
         self._acceptance.record(len(draft), accepted)
 
-    def _retire(self, seq_id: int, start: int) -> None:
-        """Drop positions ``start`` onwards of a sequence after a rejected draft.
+    def _retire(self, seq_id: int, start: int) -> bool:
+        """Drop positions ``start`` onwards of a sequence after a rejected draft; whether that went through.
 
         With batch-invariant kernels no cell below another sequence's may be freed (see :meth:`_compact`), and
         these cells lie below the cells later rows of the same step took: the retire sequence takes them over
         instead, leaving them occupied (a sequence attends only to its own cells, so they change nothing). They
         are freed all at once, with a compaction, when they fill an eighth of the context or the cache is full.
+
+        A recurrent model's sequence rolls back into the state llama.cpp kept for that token of the verification
+        decode (the engine bounds drafts by how many it keeps); its state cannot be shared with a retire sequence,
+        so the cells are freed and, with batch-invariant kernels, the cache compacted before the next decode.
         """
         lc = self._lc
+        if self._recurrent:
+            if self._spare is not None:
+                self._compact_due = True
+            return bool(lc.llama_memory_seq_rm(self._mem, seq_id, start, -1))
         if self._retire_seq is not None:
             self._retired += max(0, int(lc.llama_memory_seq_pos_max(self._mem, seq_id)) - start + 1)
             lc.llama_memory_seq_cp(self._mem, seq_id, self._retire_seq, start, -1)
         lc.llama_memory_seq_rm(self._mem, seq_id, start, -1)
         if self._retired > self.n_ctx // 8:
             self._free_retired()
+        return True
 
     def _free_retired(self) -> None:
         assert self._retire_seq is not None
@@ -941,8 +961,15 @@ class Batcher:
         return not np.array_equal(rows[0], rows[1])
 
     def _seq_rm(self, seq_id: int, start: int) -> bool:
-        """Drop positions ``start`` onwards of a sequence (0: all of it)."""
+        """Drop positions ``start`` onwards of a sequence (0: all of it); whether it went through.
+
+        A recurrent model's sequence is not cut back here (only after a draft, :meth:`_retire`): llama.cpp would
+        roll it back into whatever state it kept that many tokens back, which only a decode of that many tokens
+        just before leaves right.
+        """
         lc = self._lc
+        if self._recurrent and 0 < start <= lc.llama_memory_seq_pos_max(self._mem, seq_id):
+            return False
         if self._spare is not None and lc.llama_memory_seq_pos_max(self._mem, seq_id) >= start:
             self._compact_due = True
         if self._mtp is not None and seq_id < len(self._slots):

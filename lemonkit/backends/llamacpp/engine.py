@@ -183,7 +183,11 @@ class LlamaCppEngine:
                     with (
                         self._kernels(invariant) as switched,
                         parallel_context(
-                            self._n_parallel + switched * (1 + speculation.on), repack=repack, mtp=speculation.wants_mtp
+                            self._n_parallel + switched * (1 + speculation.on),
+                            repack=repack,
+                            mtp=speculation.wants_mtp,
+                            # a recurrent model's drafts roll back into llama.cpp's per-token states (see _usable)
+                            n_rs_seq=speculation.draft_max if speculation.on else 0,
                         ),
                     ):
                         self._llm: Any = llama_cpp.Llama(model_path=path, **kwargs)
@@ -298,11 +302,13 @@ class LlamaCppEngine:
 
     def _usable(self, settings: SpecSettings) -> SpecSettings:
         """``settings`` once the model is loaded: speculation off where the model cannot speculate and only the
-        ``mtp`` label asked for it.
+        ``mtp`` label asked for it; on a model with recurrent layers every draft at most ``--spec-draft-n-max``
+        tokens, the states llama.cpp keeps per token of a sequence's last decode (``n_rs_seq``) to roll a rejected
+        draft back into.
 
         Raises:
-            ModelLoadRefused: ``--spec-type`` asked for what the model cannot do: drafts on a model with recurrent
-                layers (Mamba, RWKV, Qwen3.5's delta-net), whose state cannot drop rejected drafts here, or
+            ModelLoadRefused: ``--spec-type`` asked for what the model cannot do: drafts on a model whose recurrent
+                layers llama.cpp cannot roll back (Mamba, RWKV: it keeps no per-token states for them), or
                 ``draft-mtp`` on a model without MTP layers.
         """
         import llama_cpp
@@ -311,19 +317,32 @@ class LlamaCppEngine:
             return settings
         model = self._llm._model.model
         recurrent = llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
+        stuck = recurrent and llama_cpp.llama_n_rs_seq(self._llm._ctx.ctx) < settings.draft_max
         no_head = settings.wants_mtp and mtp_layers(self._llm) <= 0
-        if not (recurrent or no_head):
+        # the label's default stays off on recurrent layers: MTP beside them is untested here (no tiny Qwen3.5)
+        if stuck or no_head or (recurrent and self._spec_by_label):
+            if self._spec_by_label:
+                why = (
+                    "its file has no MTP layers" if no_head else "it has recurrent layers (--spec-type draft-mtp asks)"
+                )
+                log.info("the mtp label's draft-mtp is off for this model: %s", why)
+                return dataclasses.replace(settings, kinds=())
+            if stuck:
+                raise ModelLoadRefused(
+                    "llamacpp_args: --spec-type: this model has recurrent layers (a state per sequence, not a cache "
+                    "per token) that llama.cpp cannot roll back past rejected drafts; load it without --spec-type"
+                )
+            return settings  # MtpHead refuses it, saying why
+        if not recurrent:
             return settings
-        if self._spec_by_label:
-            why = "it has recurrent layers" if recurrent else "its file has no MTP layers"
-            log.info("the mtp label's draft-mtp is off for this model: %s", why)
-            return dataclasses.replace(settings, kinds=())
-        if recurrent:
-            raise ModelLoadRefused(
-                "llamacpp_args: --spec-type: this model has recurrent layers (a state per sequence, not a cache per "
-                "token), which lemonkit cannot roll back past rejected drafts; load it without --spec-type"
-            )
-        return settings  # MtpHead refuses it, saying why
+        n = settings.draft_max
+        return dataclasses.replace(
+            settings,
+            simple_max=min(settings.simple_max, n),
+            mod_max=min(settings.mod_max, n),
+            mod_min=min(settings.mod_min, n),
+            draft_min=min(settings.draft_min, n),
+        )
 
     def _placement(
         self, spec: LoadSpec, args: dict[str, Any], path: str, *, ctx: int, n_ubatch: int
