@@ -28,6 +28,7 @@ __all__ = [
     "write_tiny_mamba",
     "write_tiny_mmproj",
     "write_tiny_mtp",
+    "write_tiny_qwen35",
 ]
 
 N_EMBD = 64
@@ -504,6 +505,103 @@ def write_tiny_lfm2(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
         weights=w,
         configure=configure,
         n_layer=len(_LFM2_LAYERS),
+    )
+
+
+# --------------------------------------------------------------------------- Qwen3.5 (hybrid, with an MTP layer)
+
+#: Qwen3.5's gated delta-net sizes: key heads (groups), value heads, head width, convolution
+_DN_K_HEADS, _DN_V_HEADS, _DN_HEAD, _DN_CONV = 2, 4, 16, 4
+
+
+def write_tiny_qwen35(path: str | os.PathLike[str], *, seed: int = 0, predictable: bool = False) -> Path:
+    """Write a random-weight Qwen3.5-architecture (``qwen35``) chat GGUF with one MTP layer; return its path.
+
+    The trunk is a gated delta-net layer (recurrent: a state per sequence) and a gated attention layer, as
+    Qwen3.5 alternates them; the MTP block after them is an attention block with the ``nextn`` projections. Same
+    vocabulary and ChatML template as :func:`write_tiny_llama`.
+
+    Args:
+        predictable: Make the head draft what the trunk will say, as :func:`write_tiny_mtp` does (every block's
+            output zero, the head's projection passing the token's embedding alone). The recurrent state then
+            changes no logit.
+    """
+    vocab = _llama_vocab()
+    n_vocab = len(vocab.tokens)
+    w = _Weights(seed)
+    w.normal("token_embd.weight", n_vocab, N_EMBD)
+    w.norm("output_norm", bias=False)
+    _quiet(w.normal("output.weight", n_vocab, N_EMBD), vocab)
+    head = N_EMBD // N_HEAD
+    key_dim, value_dim = _DN_HEAD * _DN_K_HEADS, _DN_HEAD * _DN_V_HEADS
+    kinds = ("delta-net", "attention", "mtp")
+    for layer, kind in enumerate(kinds):
+        blk = f"blk.{layer}"
+        w.norm(f"{blk}.attn_norm", bias=False)
+        w.norm(f"{blk}.post_attention_norm", bias=False)
+        if kind == "delta-net":
+            w.normal(f"{blk}.attn_qkv.weight", 2 * key_dim + value_dim, N_EMBD)
+            w.normal(f"{blk}.attn_gate.weight", value_dim, N_EMBD)
+            w.normal(f"{blk}.ssm_conv1d.weight", 2 * key_dim + value_dim, _DN_CONV)
+            w.const(f"{blk}.ssm_dt.bias", 0.0, _DN_V_HEADS)
+            w.const(f"{blk}.ssm_a", -1.0, _DN_V_HEADS)
+            w.normal(f"{blk}.ssm_beta.weight", _DN_V_HEADS, N_EMBD)
+            w.normal(f"{blk}.ssm_alpha.weight", _DN_V_HEADS, N_EMBD)
+            w.const(f"{blk}.ssm_norm.weight", 1.0, _DN_HEAD)
+            w.normal(f"{blk}.ssm_out.weight", N_EMBD, value_dim)
+        else:
+            w.normal(f"{blk}.attn_q.weight", 2 * N_EMBD, N_EMBD)  # the query and its gate
+            w.normal(f"{blk}.attn_k.weight", N_EMBD, N_EMBD)
+            w.normal(f"{blk}.attn_v.weight", N_EMBD, N_EMBD)
+            w.normal(f"{blk}.attn_output.weight", N_EMBD, N_EMBD)
+            w.const(f"{blk}.attn_q_norm.weight", 1.0, head)
+            w.const(f"{blk}.attn_k_norm.weight", 1.0, head)
+        w.linear(f"{blk}.ffn_gate", N_FF, N_EMBD, bias=False)
+        w.linear(f"{blk}.ffn_up", N_FF, N_EMBD, bias=False)
+        w.linear(f"{blk}.ffn_down", N_EMBD, N_FF, bias=False)
+        if kind == "mtp":
+            w.normal(f"{blk}.nextn.eh_proj.weight", N_EMBD, 2 * N_EMBD)
+            w.norm(f"{blk}.nextn.enorm", bias=False)
+            w.norm(f"{blk}.nextn.hnorm", bias=False)
+    if predictable:
+        for name, array in w.tensors.items():
+            if name.endswith(("attn_output.weight", "ffn_down.weight", "ssm_out.weight")):
+                array[...] = 0.0
+        eh_proj = w.tensors[f"blk.{len(kinds) - 1}.nextn.eh_proj.weight"]
+        eh_proj[...] = 0.0
+        eh_proj[:, :N_EMBD] = np.eye(N_EMBD, dtype=np.float32)
+        w.tensors["output.weight"] *= 32.0
+
+    def configure(writer: GGUFWriter) -> None:
+        writer.add_head_count_kv(N_HEAD)
+        writer.add_rope_dimension_count(head)
+        writer.add_rope_dimension_sections([3, 3, 2, 0])  # Qwen3.5's multi-axis rope: halves of the rotary width
+        writer.add_uint32("qwen35.full_attention_interval", 2)  # delta-net, attention, ...
+        writer.add_ssm_conv_kernel(_DN_CONV)
+        writer.add_ssm_inner_size(value_dim)
+        writer.add_ssm_state_size(_DN_HEAD)
+        writer.add_ssm_time_step_rank(_DN_V_HEADS)
+        writer.add_ssm_group_count(_DN_K_HEADS)
+        writer.add_uint32("qwen35.nextn_predict_layers", 1)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_vocab_size(n_vocab)
+        writer.add_bos_token_id(vocab.ids["<s>"])
+        writer.add_eos_token_id(vocab.ids["<|im_end|>"])
+        writer.add_unk_token_id(vocab.ids["<unk>"])
+        writer.add_add_bos_token(True)
+        writer.add_add_eos_token(False)
+        writer.add_chat_template(CHATML_TEMPLATE)
+
+    return _write(
+        path,
+        "qwen35",
+        name="tiny-qwen35-mtp",
+        n_ctx_train=4096,
+        tokenizer="llama",
+        vocab=vocab,
+        weights=w,
+        configure=configure,
+        n_layer=len(kinds),
     )
 
 

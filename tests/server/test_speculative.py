@@ -19,6 +19,8 @@ from tests.support.session import HF_CACHE
 from tests.support.tiny_models import (
     DRAFTED,
     HYBRID,
+    HYBRID_MTP,
+    HYBRID_MTP_RANDOM,
     MAMBA,
     MTP,
     MTP_LABEL_ONLY,
@@ -219,14 +221,14 @@ async def test_mtp_drafts_change_no_token_and_the_mtp_label_switches_them_on() -
 async def test_a_hybrid_model_rolls_its_recurrent_state_back_past_rejected_drafts() -> None:
     """LFM2's convolution layers keep a state per sequence, which llama.cpp rolls back into the state it kept for
     the last accepted token: drafts of a draft model (of another model's weights, so mostly rejected) and n-gram
-    drafts change no token, alone and beside other streams. The mtp label does not switch MTP on beside recurrent
-    layers."""
+    drafts change no token, alone and beside other streams. The mtp label on its file, which has no MTP layers,
+    switches nothing on."""
     server = Standalone({"LEMONADE_API_KEY": API_KEY})
     try:
         host = Host("standalone", server.root, API_KEY)
         async with host.client() as client:
             await _load(client, "", HYBRID)
-            assert await _speculative_slots(client, HYBRID) == [False] * 4  # the mtp label's default stays off
+            assert await _speculative_slots(client, HYBRID) == [False] * 4
             plain = await _workload(client, HYBRID)
             await _load(client, f"-md {TINY} {PINNED}", HYBRID)
             modelled = await _workload(client, HYBRID)
@@ -239,6 +241,37 @@ async def test_a_hybrid_model_rolls_its_recurrent_state_back_past_rejected_draft
     drafted, accepted = _drafted(modelled)
     # every step drafted 4 tokens and most were rejected: each rejection rolled the state back
     assert drafted >= 4 * 48 and drafted - accepted >= 48, (drafted, accepted)
+
+
+async def test_mtp_beside_recurrent_layers_changes_no_token() -> None:
+    """Qwen3.5's layout (a delta-net layer, an attention layer, an MTP block): the mtp label's draft-mtp on a head
+    that says what the trunk will is accepted and changes no token; a head of random weights, pinned to draft 4
+    tokens a step, is mostly rejected, each rejection rolling the delta-net state back, and changes no token
+    either."""
+    server = Standalone({"LEMONADE_API_KEY": API_KEY})
+    try:
+        host = Host("standalone", server.root, API_KEY)
+        async with host.client() as client:
+            await _load(client, "--spec-type none", HYBRID_MTP)
+            plain = await _workload(client, HYBRID_MTP)
+            await _load(client, "--spec-draft-n-min 1", HYBRID_MTP)
+            assert await _speculative_slots(client, HYBRID_MTP) == [True] * 4
+            drafted = await _workload(client, HYBRID_MTP)
+            await client.post("unload", json={"model_name": HYBRID_MTP})
+            await _load(client, "--spec-type none", HYBRID_MTP_RANDOM)
+            random_plain = await _workload(client, HYBRID_MTP_RANDOM)
+            await _load(client, f"--spec-type draft-mtp {PINNED}", HYBRID_MTP_RANDOM)
+            rejected = await _workload(client, HYBRID_MTP_RANDOM)
+    finally:
+        server.stop()
+    _same_tokens(drafted, plain)
+    greedy = drafted["alone"] + drafted["together"][:3]
+    n = sum(a["timings"].get("draft_n", 0) for a in greedy)
+    accepted = sum(a["timings"].get("draft_n_accepted", 0) for a in greedy)
+    assert n > 0 and accepted >= 0.9 * n, (n, accepted)
+    _same_tokens(rejected, random_plain)
+    n, accepted = _drafted(rejected)
+    assert n - accepted >= 40, (n, accepted)  # ten steps or more rolled back (failing drafts back off)
 
 
 async def test_speculation_a_model_cannot_do_is_refused_at_load(host: Host) -> None:

@@ -13,6 +13,8 @@ __all__ = [
     "EMBED",
     "GEMMA",
     "HYBRID",
+    "HYBRID_MTP",
+    "HYBRID_MTP_RANDOM",
     "MAMBA",
     "MTP",
     "MTP_LABEL_ONLY",
@@ -46,6 +48,10 @@ MTP_LABEL_ONLY = "user.tiny-llama-mtp-label"
 MAMBA = "user.tiny-mamba"
 #: a tiny LFM2 (recurrent convolutions beside attention), with tiny-llama's vocabulary, labelled ``mtp``
 HYBRID = "user.tiny-lfm2"
+#: a tiny Qwen3.5 (delta-net and attention) whose MTP layer drafts what the trunk says, labelled ``mtp``
+HYBRID_MTP = "user.tiny-qwen35-mtp"
+#: the same layout of random weights throughout, labelled ``mtp``: its head's drafts are mostly wrong
+HYBRID_MTP_RANDOM = "user.tiny-qwen35"
 COMPANION_REPO = "lemonkit-test/tiny-companion-GGUF"
 #: the bundled Gemma 3 270M (real weights)
 GEMMA = "Gemma-3-270m-GGUF"
@@ -62,6 +68,7 @@ def write_models() -> None:
         write_tiny_mamba,
         write_tiny_mmproj,
         write_tiny_mtp,
+        write_tiny_qwen35,
     )
 
     snapshot = _snapshot(TEST_REPO)
@@ -74,6 +81,8 @@ def write_models() -> None:
     write_tiny_mtp(snapshot / "tiny-mtp.gguf", predictable=True)
     write_tiny_mamba(snapshot / "tiny-mamba.gguf")
     write_tiny_lfm2(snapshot / "tiny-lfm2.gguf")
+    write_tiny_qwen35(snapshot / "tiny-qwen35-mtp.gguf", predictable=True)
+    write_tiny_qwen35(snapshot / "tiny-qwen35.gguf")
     companion = _snapshot(COMPANION_REPO)
     write_tiny_llama(companion / "tiny-llama.gguf")
     write_tiny_llama(companion / "tiny-llama-draft.gguf", seed=1)
@@ -114,6 +123,12 @@ def write_models() -> None:
         },
         "tiny-mamba": {"checkpoint": f"{TEST_REPO}:tiny-mamba.gguf", "recipe": "llamacpp", "labels": ["chat", "mtp"]},
         "tiny-lfm2": {"checkpoint": f"{TEST_REPO}:tiny-lfm2.gguf", "recipe": "llamacpp", "labels": ["chat", "mtp"]},
+        "tiny-qwen35-mtp": {
+            "checkpoint": f"{TEST_REPO}:tiny-qwen35-mtp.gguf",
+            "recipe": "llamacpp",
+            "labels": ["chat", "mtp"],
+        },
+        "tiny-qwen35": {"checkpoint": f"{TEST_REPO}:tiny-qwen35.gguf", "recipe": "llamacpp", "labels": ["chat", "mtp"]},
         "not-gguf": {"checkpoint": f"{TEST_REPO}:not-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
         "broken-gguf": {"checkpoint": f"{TEST_REPO}:broken-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
     }

@@ -319,12 +319,9 @@ class LlamaCppEngine:
         recurrent = llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
         stuck = recurrent and llama_cpp.llama_n_rs_seq(self._llm._ctx.ctx) < settings.draft_max
         no_head = settings.wants_mtp and mtp_layers(self._llm) <= 0
-        # the label's default stays off on recurrent layers: MTP beside them is untested here (no tiny Qwen3.5)
-        if stuck or no_head or (recurrent and self._spec_by_label):
+        if stuck or no_head:
             if self._spec_by_label:
-                why = (
-                    "its file has no MTP layers" if no_head else "it has recurrent layers (--spec-type draft-mtp asks)"
-                )
+                why = "its recurrent layers cannot be rolled back" if stuck else "its file has no MTP layers"
                 log.info("the mtp label's draft-mtp is off for this model: %s", why)
                 return dataclasses.replace(settings, kinds=())
             if stuck:
