@@ -171,12 +171,12 @@ def _write(
     arch: str,
     *,
     name: str,
-    n_ctx_train: int,
-    tokenizer: str,
     vocab: _Vocab,
     weights: _Weights,
     configure: Callable[[GGUFWriter], None],
     n_layer: int = N_LAYER,
+    n_ctx_train: int = 4096,
+    tokenizer: str = "llama",
 ) -> Path:
     """Write the hyperparameters every tiny model shares, the vocab, arch-specific keys and tensors."""
     path = Path(path)
@@ -221,6 +221,19 @@ def _llama_vocab(words: Iterable[str] = WORDS) -> _Vocab:
     # Bare pieces too, for words glued to punctuation ("<tool_call>", '{"name":').
     vocab.extend(pre + word[:n] for word in words for pre in ("▁", "") for n in range(1, len(word) + 1))
     return vocab
+
+
+def _chat_keys(writer: GGUFWriter, vocab: _Vocab, chat_template: str = CHATML_TEMPLATE) -> None:
+    """The keys every tiny chat model of :func:`_llama_vocab` shares: its special tokens and chat template."""
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(vocab.tokens))
+    writer.add_bos_token_id(vocab.ids["<s>"])
+    # ChatML models end a turn with <|im_end|>; as EOS it is also llama-cpp-python's stop token.
+    writer.add_eos_token_id(vocab.ids["<|im_end|>"])
+    writer.add_unk_token_id(vocab.ids["<unk>"])
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_chat_template(chat_template)
 
 
 def _quiet(output: np.ndarray, vocab: _Vocab, extra: Iterable[str] = ()) -> None:
@@ -278,22 +291,12 @@ def write_tiny_llama(
     def configure(writer: GGUFWriter) -> None:
         writer.add_head_count_kv(N_HEAD)
         writer.add_rope_dimension_count(N_EMBD // N_HEAD)
-        writer.add_layer_norm_rms_eps(1e-5)
-        writer.add_vocab_size(n_vocab)
-        writer.add_bos_token_id(vocab.ids["<s>"])
-        # ChatML models end a turn with <|im_end|>; as EOS it is also llama-cpp-python's stop token.
-        writer.add_eos_token_id(vocab.ids["<|im_end|>"])
-        writer.add_unk_token_id(vocab.ids["<unk>"])
-        writer.add_add_bos_token(True)
-        writer.add_add_eos_token(False)
-        writer.add_chat_template(chat_template)
+        _chat_keys(writer, vocab, chat_template)
 
     return _write(
         path,
         "llama",
         name="tiny-llama-chatml",
-        n_ctx_train=4096,
-        tokenizer="llama",
         vocab=vocab,
         weights=w,
         configure=configure,
@@ -362,14 +365,7 @@ def write_tiny_mtp(path: str | os.PathLike[str], *, seed: int = 0, predictable: 
     def configure(writer: GGUFWriter) -> None:
         writer.add_head_count_kv(N_HEAD)
         writer.add_rope_dimension_count(N_EMBD // N_HEAD)
-        writer.add_layer_norm_rms_eps(1e-5)
-        writer.add_vocab_size(n_vocab)
-        writer.add_bos_token_id(vocab.ids["<s>"])
-        writer.add_eos_token_id(vocab.ids["<|im_end|>"])
-        writer.add_unk_token_id(vocab.ids["<unk>"])
-        writer.add_add_bos_token(True)
-        writer.add_add_eos_token(False)
-        writer.add_chat_template(CHATML_TEMPLATE)
+        _chat_keys(writer, vocab)
         writer.add_expert_count(experts)
         writer.add_expert_used_count(_MTP_EXPERTS_USED)
         writer.add_expert_shared_count(1)
@@ -381,8 +377,6 @@ def write_tiny_mtp(path: str | os.PathLike[str], *, seed: int = 0, predictable: 
         path,
         "glm4moe",
         name="tiny-glm4moe-mtp",
-        n_ctx_train=4096,
-        tokenizer="llama",
         vocab=vocab,
         weights=w,
         configure=configure,
@@ -426,21 +420,12 @@ def write_tiny_mamba(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
         writer.add_ssm_inner_size(_SSM_INNER)
         writer.add_ssm_state_size(_SSM_STATE)
         writer.add_ssm_time_step_rank(_SSM_DT_RANK)
-        writer.add_layer_norm_rms_eps(1e-5)
-        writer.add_vocab_size(n_vocab)
-        writer.add_bos_token_id(vocab.ids["<s>"])
-        writer.add_eos_token_id(vocab.ids["<|im_end|>"])
-        writer.add_unk_token_id(vocab.ids["<unk>"])
-        writer.add_add_bos_token(True)
-        writer.add_add_eos_token(False)
-        writer.add_chat_template(CHATML_TEMPLATE)
+        _chat_keys(writer, vocab)
 
     return _write(
         path,
         "mamba",
         name="tiny-mamba",
-        n_ctx_train=4096,
-        tokenizer="llama",
         vocab=vocab,
         weights=w,
         configure=configure,
@@ -486,21 +471,12 @@ def write_tiny_lfm2(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
     def configure(writer: GGUFWriter) -> None:
         writer.add_head_count_kv([N_HEAD if kind == "attention" else 0 for kind in _LFM2_LAYERS])
         writer.add_uint32("lfm2.shortconv.l_cache", _LFM2_CONV)
-        writer.add_layer_norm_rms_eps(1e-5)
-        writer.add_vocab_size(n_vocab)
-        writer.add_bos_token_id(vocab.ids["<s>"])
-        writer.add_eos_token_id(vocab.ids["<|im_end|>"])
-        writer.add_unk_token_id(vocab.ids["<unk>"])
-        writer.add_add_bos_token(True)
-        writer.add_add_eos_token(False)
-        writer.add_chat_template(CHATML_TEMPLATE)
+        _chat_keys(writer, vocab)
 
     return _write(
         path,
         "lfm2",
         name="tiny-lfm2",
-        n_ctx_train=4096,
-        tokenizer="llama",
         vocab=vocab,
         weights=w,
         configure=configure,
@@ -583,21 +559,12 @@ def write_tiny_qwen35(path: str | os.PathLike[str], *, seed: int = 0, predictabl
         writer.add_ssm_time_step_rank(_DN_V_HEADS)
         writer.add_ssm_group_count(_DN_K_HEADS)
         writer.add_uint32("qwen35.nextn_predict_layers", 1)
-        writer.add_layer_norm_rms_eps(1e-5)
-        writer.add_vocab_size(n_vocab)
-        writer.add_bos_token_id(vocab.ids["<s>"])
-        writer.add_eos_token_id(vocab.ids["<|im_end|>"])
-        writer.add_unk_token_id(vocab.ids["<unk>"])
-        writer.add_add_bos_token(True)
-        writer.add_add_eos_token(False)
-        writer.add_chat_template(CHATML_TEMPLATE)
+        _chat_keys(writer, vocab)
 
     return _write(
         path,
         "qwen35",
         name="tiny-qwen35-mtp",
-        n_ctx_train=4096,
-        tokenizer="llama",
         vocab=vocab,
         weights=w,
         configure=configure,
