@@ -54,21 +54,24 @@ class Estimate:
         weights: Their weights.
         kv: Their KV cache.
         compute: The compute buffer and overhead.
+        state: Their recurrent layers' states (a state per sequence, and per token a draft may roll back).
     """
 
     layers: int
     weights: int
     kv: int
     compute: int
+    state: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.compute
+        return self.weights + self.kv + self.compute + self.state
 
     def describe(self) -> str:
         return (
             f"{self.layers} layers: {self.total / MiB:.0f} MiB ({self.weights / MiB:.0f} weights, "
-            f"{self.kv / MiB:.0f} KV cache, {self.compute / MiB:.0f} compute)"
+            f"{self.kv / MiB:.0f} KV cache, {self.compute / MiB:.0f} compute"
+            + (f", {self.state / MiB:.0f} recurrent state)" if self.state else ")")
         )
 
 
@@ -82,8 +85,12 @@ def estimate(
     type_v: int = 1,
     kv_offload: bool = True,
     overhead: int = _OVERHEAD,
+    n_seq: int = 1,
+    n_rs_seq: int = 0,
 ) -> Estimate:
-    """Device memory with ``layers`` layers offloaded (``layers > n_layer``: every block and the output layer)."""
+    """Device memory with ``layers`` layers offloaded (``layers > n_layer``: every block and the output layer);
+    ``n_seq`` sequences, whose recurrent states llama.cpp keeps ``1 + n_rs_seq`` times (``n_rs_seq``: the tokens a
+    rejected draft may roll back)."""
     layers = max(0, min(layers, layout.n_layer + 1))
     if layers == 0:
         return Estimate(0, 0, 0, 0)
@@ -91,12 +98,14 @@ def estimate(
     weights = sum(layout.layer_bytes[i] for i in blocks)
     per_token = (_KV_BYTES.get(type_k, 2.0) + _KV_BYTES.get(type_v, 2.0)) / 2
     kv = int(sum(layout.kv_width[i] for i in blocks) * n_ctx * per_token) if kv_offload else 0
+    states = sum(layout.state_width[i] for i in blocks if i < len(layout.state_width))
+    state = states * 4 * n_seq * (1 + n_rs_seq) if kv_offload else 0  # float32, as llama.cpp keeps them
     compute = overhead + n_ubatch * layout.n_embd * 4 * 8  # activations of one ubatch, several live at once
     if layers > layout.n_layer:
         # the output layer: its own tensor, or the input embedding duplicated for it when the two are tied
         weights += layout.output_bytes or layout.other_bytes
         compute += n_ubatch * layout.n_vocab * 4
-    return Estimate(layers, weights, kv, compute)
+    return Estimate(layers, weights, kv, compute, state)
 
 
 def host_estimate(
@@ -109,6 +118,8 @@ def host_estimate(
     type_k: int = 1,
     type_v: int = 1,
     cache_ram: int = 0,
+    n_seq: int = 1,
+    n_rs_seq: int = 0,
 ) -> int:
     """Host bytes of a model's sidecar.
 
@@ -118,7 +129,7 @@ def host_estimate(
         on_gpu: A llama.cpp model loaded to offload its layers: the host keeps what llama.cpp leaves on the CPU
             (the input embedding, a projector) and the device holds the rest, which
             :class:`lemonkit.serving.memory.Evictor` places apart.
-        n_ctx, n_ubatch, type_k, type_v: As for :func:`estimate`.
+        n_ctx, n_ubatch, type_k, type_v, n_seq, n_rs_seq: As for :func:`estimate`.
         cache_ram: The bytes its prompt cache may take in host memory besides (``--cache-ram``).
     """
     if layout is None:
@@ -127,8 +138,19 @@ def host_estimate(
         return PROCESS_BYTES + max(0, file_bytes - layout.weight_bytes) + layout.other_bytes + cache_ram
     # every block's KV cache and activations; of the output layer only the logits of the sequences a step decodes
     # (the batcher's slots), as llama.cpp computes logits for a batch's outputs alone
-    blocks = estimate(layout, layout.n_layer, n_ctx=n_ctx, n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, overhead=0)
-    return PROCESS_BYTES + file_bytes + blocks.kv + blocks.compute + _HOST_OUTPUTS * layout.n_vocab * 4 + cache_ram
+    blocks = estimate(
+        layout,
+        layout.n_layer,
+        n_ctx=n_ctx,
+        n_ubatch=n_ubatch,
+        type_k=type_k,
+        type_v=type_v,
+        overhead=0,
+        n_seq=n_seq,
+        n_rs_seq=n_rs_seq,
+    )
+    outputs = _HOST_OUTPUTS * layout.n_vocab * 4
+    return PROCESS_BYTES + file_bytes + blocks.kv + blocks.state + blocks.compute + outputs + cache_ram
 
 
 #: the share of its memory a model's automatic context may fill with KV cache (the rest: its weights, other models)

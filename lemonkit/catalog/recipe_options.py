@@ -20,7 +20,7 @@ flag strings with :mod:`lemonkit.formats.llamacpp_args`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,7 @@ __all__ = [
     "parse_changes",
     "resolve_options",
     "resolved_ctx_size",
+    "rollback_tokens",
 ]
 
 #: ``ctx_size`` meaning "size it from the model"
@@ -179,6 +180,18 @@ def load_body(model_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- context size -------------------------------------------------------------------------------------------------
+
+
+def rollback_tokens(args: Mapping[str, Any], labels: Iterable[str]) -> int:
+    """How many tokens back llama.cpp keeps a recurrent model's states (its ``n_rs_seq``), as the engine asks for
+    them: ``--spec-draft-n-max`` where the load speculates (``--spec-type``, ``-md`` or the ``mtp`` label's default
+    ``draft-mtp``), else none."""
+    kinds = args.get("spec_type")
+    by_label = kinds is None and "model_draft" not in args and "mtp" in labels
+    if not (kinds if kinds is not None else "model_draft" in args or by_label):
+        return 0
+    mtp = by_label or "draft-mtp" in (kinds or ())
+    return int(args.get("draft_max", MTP_DRAFT_MAX if mtp else DEFAULT_DRAFT_MAX))
 
 
 def draft_context(n_ctx: int, n_parallel: int, draft_max: int) -> int:

@@ -188,9 +188,12 @@ class Layout:
         other_bytes: Bytes of the rest: ``token_embd`` (kept on the CPU by llama.cpp), ``output``, norms.
         output_bytes: Bytes of ``output.*`` (the output layer, offloaded with the last "layer").
         kv_width: Per block, the K plus V values one cached token holds (``n_head_kv * (key_length +
-            value_length)``).
+            value_length)``; none in a recurrent block).
         n_embd: ``<arch>.embedding_length``.
         n_vocab: Tokens in the vocabulary.
+        state_width: Per block, the values of a sequence's recurrent state (convolution and SSM states, as
+            llama.cpp sizes them: Mamba, Qwen3.5's delta-net, LFM2's convolutions, RWKV); zero in attention blocks,
+            empty for a model without recurrent layers.
     """
 
     arch: str
@@ -201,6 +204,7 @@ class Layout:
     kv_width: tuple[int, ...]
     n_embd: int
     n_vocab: int
+    state_width: tuple[int, ...] = ()
 
     @property
     def weight_bytes(self) -> int:
@@ -229,7 +233,7 @@ def _scan_layout(f: BinaryIO, file_size: int) -> Layout | None:
             values[name] = scan.read_str()
         elif vtype in scan.scalar:
             values[name] = scan.read(scan.scalar[vtype])
-        elif vtype == scan.types.ARRAY and name.endswith(".attention.head_count_kv"):
+        elif vtype == scan.types.ARRAY and name.endswith(_LAYER_ARRAYS):
             item, count = scan.types(scan.read("<I")), scan.read("<Q")
             values[name] = [scan.read(scan.scalar[item]) for _ in range(count)]
         elif vtype == scan.types.ARRAY and name == "tokenizer.ggml.tokens":
@@ -276,5 +280,49 @@ def _scan_layout(f: BinaryIO, file_size: int) -> Layout | None:
     head_dim = n_embd // n_head if n_head else 0
     k = int(values.get(f"{arch}.attention.key_length", head_dim))
     v = int(values.get(f"{arch}.attention.value_length", head_dim))
-    kv_width = tuple(int(h) * (k + v) for h in (per_layer_kv + [0] * n_layer)[:n_layer])
-    return Layout(arch, n_layer, tuple(layer_bytes), other, output, kv_width, n_embd, n_vocab)
+    state = _state_width(arch, values, n_layer, per_layer_kv)
+    kv_width = tuple(
+        0 if state and state[i] else int(h) * (k + v) for i, h in enumerate((per_layer_kv + [0] * n_layer)[:n_layer])
+    )
+    return Layout(arch, n_layer, tuple(layer_bytes), other, output, kv_width, n_embd, n_vocab, state)
+
+
+#: per-layer arrays the layout reads (the others are skipped)
+_LAYER_ARRAYS = (".attention.head_count_kv", ".feed_forward_length", ".attention.recurrent_layers")
+
+
+def _state_width(arch: str, values: dict[str, Any], n_layer: int, heads_kv: list[int]) -> tuple[int, ...]:
+    """:attr:`Layout.state_width` from the header's keys, as llama.cpp's ``n_embd_r() + n_embd_s()`` and its
+    recurrent layers (``is_recr``) for the families it has."""
+
+    def key(name: str, default: int = 0) -> int:
+        return int(values.get(f"{arch}.{name}", default) or 0)
+
+    n_embd = key("embedding_length")
+    d_conv, d_inner, d_state, n_group = (
+        key(f"ssm.{k}") for k in ("conv_kernel", "inner_size", "state_size", "group_count")
+    )
+    l_cache, wkv = key("shortconv.l_cache"), key("wkv.head_size")
+    if l_cache:  # LFM2: short convolutions wherever a layer has no attention heads
+        width, recurrent = n_embd * (l_cache - 1), [h == 0 for h in heads_kv]
+    elif wkv:  # RWKV: token shifts and the WKV state in every layer
+        width, recurrent = key("token_shift_count", 2) * n_embd + n_embd * wkv, [True] * n_layer
+    elif d_inner:  # Mamba 1 and 2, gated delta-net: the convolution's last d_conv - 1 inputs and the SSM state
+        width = max(0, d_conv - 1) * (d_inner + 2 * n_group * d_state) + d_state * d_inner
+        marked = values.get(f"{arch}.attention.recurrent_layers")
+        trunk = n_layer - key("nextn_predict_layers")
+        if isinstance(marked, list):
+            recurrent = [bool(m) for m in marked]
+        elif f"{arch}.full_attention_interval" in values or arch.startswith(("qwen35", "qwen3next")):
+            interval = key("full_attention_interval", 4)
+            recurrent = [i < trunk and (i + 1) % interval != 0 for i in range(n_layer)]
+        elif len(set(heads_kv)) > 1:  # hybrids that list heads per layer: Mamba where a layer has none
+            ff = values.get(f"{arch}.feed_forward_length")
+            # Nemotron-H has FFN-only layers too, without heads
+            ffn = ff if arch.startswith("nemotron_h") and isinstance(ff, list) else [0] * len(heads_kv)
+            recurrent = [h == 0 and not ffn[i] for i, h in enumerate(heads_kv)]
+        else:
+            recurrent = [True] * n_layer
+    else:
+        return ()
+    return tuple(width if i < len(recurrent) and recurrent[i] else 0 for i in range(n_layer))

@@ -26,6 +26,7 @@ from lemonkit.catalog.recipe_options import (
     DEFAULT_N_PARALLEL,
     draft_context,
     llamacpp_context_size,
+    rollback_tokens,
 )
 from lemonkit.errors import ModelLoadError, SlotsPinned
 from lemonkit.formats.files import tree_bytes
@@ -88,12 +89,15 @@ def _offload(options: Mapping[str, Any]) -> tuple[str, dict[str, Any], bool]:
 
 
 def _cache_args(info: ModelInfo, args: Mapping[str, Any], n_ctx: int) -> dict[str, int]:
-    """The estimates' batch and KV cache arguments, from the load's flags (an embedding model's batch is its
-    context)."""
+    """The estimates' batch, KV cache and recurrent state arguments, from the load's flags (an embedding model's
+    batch is its context)."""
     return {
         "n_ubatch": int(args.get("n_ubatch", 512)) if info.type == "llm" else n_ctx,
         "type_k": int(args.get("type_k", 1)),
         "type_v": int(args.get("type_v", 1)),
+        # the slots, and at most the padding and retire sequences beside (see the llama.cpp engine)
+        "n_seq": int(args.get("n_parallel", DEFAULT_N_PARALLEL)) + 2,
+        "n_rs_seq": rollback_tokens(args, info.labels),
     }
 
 

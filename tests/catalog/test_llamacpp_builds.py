@@ -12,6 +12,7 @@ import os
 import platform
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,8 +27,10 @@ from lemonkit.catalog.placement import (
     host_estimate,
     parse_size,
 )
+from lemonkit.catalog.recipe_options import rollback_tokens
 from lemonkit.formats.gguf_header import read_gguf_layout
-from lemonkit.testing.tiny_gguf import write_tiny_llama
+from lemonkit.formats.llamacpp_args import parse_llamacpp_args
+from lemonkit.testing.tiny_gguf import write_tiny_lfm2, write_tiny_llama, write_tiny_mamba, write_tiny_qwen35
 
 
 def _program(path: Path) -> Path:
@@ -235,6 +238,53 @@ def test_layout_and_estimates_of_a_generated_model(tmp_path: Path) -> None:
     assert fit_layers(layout, one.total, n_ctx=512).layers == 1
     assert fit_layers(layout, one.total - 1, n_ctx=512).layers == 0
     assert "layers:" in every.describe()
+
+
+@pytest.mark.parametrize(("write", "trunk"), [(write_tiny_mamba, 2), (write_tiny_lfm2, 3), (write_tiny_qwen35, 2)])
+def test_recurrent_states_in_the_layout_are_what_llama_cpp_keeps(tmp_path: Path, write: Any, trunk: int) -> None:
+    """Mamba, LFM2 and Qwen3.5's layouts: a state per sequence in the recurrent blocks, no KV cache there, and
+    together what llama.cpp saves of a sequence of three tokens (its states in float32, three tokens of K and V
+    in f16 in the trunk's attention blocks, and a header)."""
+    import llama_cpp as lc
+
+    path = write(tmp_path / "model.gguf")
+    layout = read_gguf_layout(path)
+    assert layout is not None and any(layout.state_width)
+    assert all(not (s and k) for s, k in zip(layout.state_width, layout.kv_width, strict=True))
+    lc.llama_backend_init()
+    model = lc.llama_model_load_from_file(str(path).encode(), lc.llama_model_default_params())
+    params = lc.llama_context_default_params()
+    params.n_ctx, params.n_seq_max = 256, 2
+    ctx = lc.llama_init_from_model(model, params)
+    try:
+        assert lc.llama_decode(ctx, lc.llama_batch_get_one((lc.llama_token * 3)(5, 6, 7), 3)) == 0
+        saved = lc.llama_state_seq_get_size(ctx, 0)
+    finally:
+        lc.llama_free(ctx)
+        lc.llama_model_free(model)
+    expected = sum(layout.state_width) * 4 + sum(layout.kv_width[:trunk]) * 2 * 3
+    assert 0 <= saved - expected < 256, (saved, expected)
+    # llama.cpp keeps the states for every sequence, and again for each token a draft may roll back
+    one = estimate(layout, layout.n_layer, n_ctx=512)
+    assert one.state == sum(layout.state_width) * 4
+    assert estimate(layout, layout.n_layer, n_ctx=512, n_seq=6, n_rs_seq=3).state == 6 * 4 * one.state
+    assert estimate(layout, layout.n_layer, n_ctx=512, kv_offload=False).state == 0
+    assert "recurrent state" in one.describe()
+
+
+@pytest.mark.parametrize(
+    ("args", "labels", "tokens"),
+    [
+        ("", ["chat"], 0),
+        ("--spec-type none", ["chat", "mtp"], 0),
+        ("", ["chat", "mtp"], 3),  # the label's draft-mtp, 3 tokens
+        ("--spec-type ngram-simple", ["chat"], 16),
+        ("--spec-type ngram-mod --spec-draft-n-max 5", ["chat"], 5),
+        ("-md other", ["chat", "mtp"], 16),  # a draft model, not the label's head
+    ],
+)
+def test_the_tokens_a_recurrent_state_is_kept_for(args: str, labels: list[str], tokens: int) -> None:
+    assert rollback_tokens(parse_llamacpp_args(args), labels) == tokens
 
 
 def test_host_memory_of_a_sidecar(tmp_path: Path) -> None:

@@ -276,14 +276,15 @@ async def test_mtp_beside_recurrent_layers_changes_no_token() -> None:
 
 
 async def test_speculation_a_model_cannot_do_is_refused_at_load(host: Host) -> None:
-    """``draft-mtp`` on a model without MTP layers, and any draft on a recurrent model (Mamba: its state cannot
-    drop rejected drafts), are refused with a 400 that says why; the mtp label on the recurrent model loads it
-    without speculation, and it answers."""
+    """``draft-mtp`` on a model without MTP layers, any draft on a recurrent model llama.cpp cannot roll back
+    (Mamba), and a draft model with recurrent layers are refused with a 400 that says why; the mtp label on the
+    recurrent model loads it without speculation, and it answers."""
     async with host.client() as client:
         for model, args, why in (
             (TINY, "--spec-type draft-mtp", "no MTP"),
             (MAMBA, "--spec-type ngram-simple", "recurrent"),
             (MAMBA, "--spec-type ngram-mod,draft-mtp", "recurrent"),
+            (TINY, f"-md {HYBRID}", "recurrent"),  # a draft model's drafted cells are dropped after each draft
         ):
             refused = await client.post("load", json={"model_name": model, "llamacpp_args": args})
             assert refused.status_code == 400, (args, refused.text)

@@ -127,6 +127,10 @@ class DraftModel:
             raise ModelLoadError(f"llama.cpp could not load the draft model {name}: {exc}") from exc
         try:
             check_vocab(target, self._llm, name)
+            model = self._llm._model.model
+            if lc.llama_model_is_recurrent(model) or lc.llama_model_is_hybrid(model):
+                # its drafted tokens are dropped after each draft, which a recurrent state cannot do
+                raise ModelLoadRefused(f"the draft model {name} has recurrent layers; use an attention-only one")
         except BaseException:
             self._llm.close()
             raise

@@ -371,6 +371,9 @@ class LlamaCppEngine:
             "type_k": args.get("type_k", 1),
             "type_v": args.get("type_v", 1),
             "kv_offload": args.get("offload_kqv", True),
+            # a recurrent model's states: per slot (with the padding and retire sequences), per rollback token
+            "n_seq": self._n_parallel + 2,
+            "n_rs_seq": self._speculation.draft_max if self._speculation.on else 0,
         }
         budget = None
         if not chosen:
