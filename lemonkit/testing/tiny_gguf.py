@@ -249,6 +249,17 @@ def _quiet(output: np.ndarray, vocab: _Vocab, extra: Iterable[str] = ()) -> None
             output[token_id] = 0.0
 
 
+def _chat_weights(seed: int, output_norm: str = "output_norm") -> tuple[_Vocab, _Weights]:
+    """The vocabulary of :func:`write_tiny_llama` and the weights every tiny chat model starts with: the input
+    embedding, the output norm and the output layer (quiet where :func:`_quiet` says)."""
+    vocab = _llama_vocab()
+    w = _Weights(seed)
+    w.normal("token_embd.weight", len(vocab.tokens), N_EMBD)
+    w.norm(output_norm, bias=False)
+    _quiet(w.normal("output.weight", len(vocab.tokens), N_EMBD), vocab)
+    return vocab, w
+
+
 def write_tiny_llama(
     path: str | os.PathLike[str],
     *,
@@ -322,12 +333,7 @@ def write_tiny_mtp(path: str | os.PathLike[str], *, seed: int = 0, predictable: 
             norm and head), and the head's projection passes the token's embedding alone through the same norm and
             head, which is the trunk's next token after it. Its drafts are all accepted.
     """
-    vocab = _llama_vocab()
-    n_vocab = len(vocab.tokens)
-    w = _Weights(seed)
-    w.normal("token_embd.weight", n_vocab, N_EMBD)
-    w.norm("output_norm", bias=False)
-    _quiet(w.normal("output.weight", n_vocab, N_EMBD), vocab)
+    vocab, w = _chat_weights(seed)
     experts, n_ff_exp = _MTP_EXPERTS, _MTP_N_FF_EXP
     for layer in range(N_LAYER + 1):
         blk = f"blk.{layer}"
@@ -395,12 +401,7 @@ def write_tiny_mamba(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
 
     Same vocabulary and ChatML template as :func:`write_tiny_llama`.
     """
-    vocab = _llama_vocab()
-    n_vocab = len(vocab.tokens)
-    w = _Weights(seed)
-    w.normal("token_embd.weight", n_vocab, N_EMBD)
-    w.norm("output_norm", bias=False)
-    _quiet(w.normal("output.weight", n_vocab, N_EMBD), vocab)
+    vocab, w = _chat_weights(seed)
     for layer in range(N_LAYER):
         blk = f"blk.{layer}"
         w.norm(f"{blk}.attn_norm", bias=False)
@@ -445,12 +446,7 @@ def write_tiny_lfm2(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
 
     Same vocabulary and ChatML template as :func:`write_tiny_llama`.
     """
-    vocab = _llama_vocab()
-    n_vocab = len(vocab.tokens)
-    w = _Weights(seed)
-    w.normal("token_embd.weight", n_vocab, N_EMBD)
-    w.norm("token_embd_norm", bias=False)  # LFM2's output norm, under this name
-    _quiet(w.normal("output.weight", n_vocab, N_EMBD), vocab)
+    vocab, w = _chat_weights(seed, output_norm="token_embd_norm")  # LFM2's output norm, under this name
     for layer, kind in enumerate(_LFM2_LAYERS):
         blk = f"blk.{layer}"
         w.norm(f"{blk}.attn_norm", bias=False)
@@ -502,12 +498,7 @@ def write_tiny_qwen35(path: str | os.PathLike[str], *, seed: int = 0, predictabl
             output zero, the head's projection passing the token's embedding alone). The recurrent state then
             changes no logit.
     """
-    vocab = _llama_vocab()
-    n_vocab = len(vocab.tokens)
-    w = _Weights(seed)
-    w.normal("token_embd.weight", n_vocab, N_EMBD)
-    w.norm("output_norm", bias=False)
-    _quiet(w.normal("output.weight", n_vocab, N_EMBD), vocab)
+    vocab, w = _chat_weights(seed)
     head = N_EMBD // N_HEAD
     key_dim, value_dim = _DN_HEAD * _DN_K_HEADS, _DN_HEAD * _DN_V_HEADS
     kinds = ("delta-net", "attention", "mtp")
