@@ -159,7 +159,26 @@ def test_acceptance_follows_recent_drafts_and_fades_back_when_drafts_are_skipped
     cost = _curve(XEON_AMX)
     assert draft_length(low, 16, 1, 1.0, cost) < draft_length(high, 16, 1, 1.0, cost)
     for _ in range(8):
-        pacer.skipped()
+        pacer.skipped(0.5)
     assert low < pacer.acceptance < 0.5
     pacer.reset()
     assert pacer.acceptance == 0.5
+
+
+def test_a_sequence_that_stopped_drafting_drafts_again_where_drafts_pay_only_above_even_odds() -> None:
+    """On the EPYC a draft pays only at an acceptance of about 0.7 or more. A sequence whose drafts failed, while the
+    model's drafts lately were accepted 85% of the time, fades back towards the model's acceptance as it skips drafts,
+    and drafts again within a few dozen steps; fading towards even odds it never would."""
+    cost = _curve(EPYC_AVX512)
+    assert draft_length(0.6, 32, 1, 1.0, cost) == 0 < draft_length(0.85, 32, 1, 1.0, cost)
+    for towards, drafts_again in ((0.85, True), (0.5, False)):
+        pacer = Pacer(SpecSettings(("ngram-mod",)))
+        pacer.reset(0.85)
+        for _ in range(3):
+            pacer.record(6, 0)
+        assert draft_length(pacer.acceptance, 32, 1, 1.0, cost) == 0
+        for _ in range(64):
+            if draft_length(pacer.acceptance, 32, 1, 1.0, cost) > 0:
+                break
+            pacer.skipped(towards)
+        assert (draft_length(pacer.acceptance, 32, 1, 1.0, cost) > 0) is drafts_again, towards

@@ -709,7 +709,7 @@ class Batcher:
             else:
                 continue
             if k < floor:
-                drafts.pacer.skipped()
+                drafts.pacer.skipped(self._acceptance.rate)
                 continue
             rows, tokens, room = rows + k, tokens + expected(acceptance, k), room - k
         if asks:

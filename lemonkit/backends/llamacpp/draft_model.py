@@ -30,10 +30,17 @@ __all__ = ["DraftModel", "check_vocab", "greedy_pick"]
 VOCAB_SIZE_SLACK = 128
 
 
+#: the candidates a draft's confidence is normalised over: llama-server's draft sampler keeps its top 10 before the
+#: softmax whose first probability ``--spec-draft-p-min`` bounds, so the same p-min drafts as far here
+DRAFT_TOP_K = 10
+
+
 def greedy_pick(np: Any, logits: Any) -> tuple[int, float]:
-    """A logits row's greedy token and its softmax probability (a draft's confidence in it)."""
+    """A logits row's greedy token and its probability among the row's :data:`DRAFT_TOP_K` best (a draft's
+    confidence in it)."""
     token = int(logits.argmax())
-    total = float(np.exp(logits - logits[token]).sum())
+    top = np.partition(logits, -DRAFT_TOP_K)[-DRAFT_TOP_K:] if len(logits) > DRAFT_TOP_K else logits
+    total = float(np.exp(top - logits[token]).sum())
     return token, 1.0 / total if total > 0 and math.isfinite(total) else 0.0
 
 
