@@ -124,16 +124,31 @@ def _complete(engine: LlamaCppEngine, prompt: str, **extra: Any) -> dict[str, An
 
 
 def _together(engine: LlamaCppEngine, prompts: list[str], **extra: Any) -> list[dict[str, Any]]:
+    """The prompts' completions, requested from threads and admitted in one step: the batcher takes no newcomer
+    until every request has arrived (on a loaded machine a thread may start after another request has finished)."""
     results: list[Any] = [None] * len(prompts)
+    batcher = engine._gen._batcher
+    take = batcher._take_newcomers
+    arrived = threading.Event()
+
+    def take_all() -> list[Any]:
+        if not arrived.is_set() and len(batcher._waiting) < len(prompts):
+            return []
+        arrived.set()
+        return take()
 
     def run(i: int) -> None:
         results[i] = _complete(engine, prompts[i], **extra)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    batcher._take_newcomers = take_all  # type: ignore[method-assign]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        batcher._take_newcomers = take  # type: ignore[method-assign]
     return results
 
 
