@@ -209,10 +209,7 @@ class Lemonkit:
             if n >= 1:
                 found = self.drafts.lookup(n)
                 if found:
-                    k = draft_length(self.drafts.pacer.acceptance, len(found), 1, 1.0, self.costs.curve(self.n_batch))
-                    draft = found[:k]
-                    if not draft:
-                        self.drafts.pacer.skipped(self.model.rate)
+                    draft = self._cut(found, out[i:])
             seconds = self.cost(1 + len(draft))
             tally.time += seconds
             self.costs.price(1 + len(draft), seconds)
@@ -228,30 +225,21 @@ class Lemonkit:
         tally.tokens = len(out)
         return tally
 
+    def _cut(self, found: list[int], future: list[int]) -> list[int]:
+        """The part of a found draft the batcher decodes (``Batcher._draft``)."""
+        k = draft_length(self.drafts.pacer.acceptance, len(found), 1, 1.0, self.costs.curve(self.n_batch))
+        if k == 0:
+            self.drafts.pacer.skipped(self.model.rate)
+        return found[:k]
+
 
 class Oracle(Lemonkit):
     """lemonkit's drafts, each cut to what will be accepted when that pays (none otherwise): the most any length
     rule could make of them on this curve."""
 
-    def run(self, stream: Stream, limit: int) -> Tally:
-        out, tally = stream.output, Tally()
-        self.drafts.reset(stream.prompt, 0.5)
-        self.drafts.extend(out[:1])
-        i = 1
-        while i < len(out):
-            fits = min(self.n_batch - 1, limit - i - 1)
-            found = self.drafts.lookup(fits) if fits > 0 else []
-            kept = _accepted(found, out[i:])
-            draft = found[:kept] if kept and (1 + kept) / self.cost(1 + kept) > 1 / self.cost(1) else []
-            tally.time += self.cost(1 + len(draft))
-            gained = out[i : i + len(draft) + 1]
-            self.drafts.extend(gained)
-            if draft:
-                tally.drafted += len(draft)
-                tally.accepted += len(draft)
-            i += len(gained)
-        tally.tokens = len(out)
-        return tally
+    def _cut(self, found: list[int], future: list[int]) -> list[int]:
+        kept = _accepted(found, future)
+        return found[:kept] if kept and (1 + kept) / self.cost(1 + kept) > 1 / self.cost(1) else []
 
 
 class LlamaServer:

@@ -182,3 +182,20 @@ def test_a_sequence_that_stopped_drafting_drafts_again_where_drafts_pay_only_abo
                 break
             pacer.skipped(towards)
         assert (draft_length(pacer.acceptance, 32, 1, 1.0, cost) > 0) is drafts_again, towards
+
+
+def test_a_draft_models_confidence_is_its_pick_among_its_ten_best() -> None:
+    """llama-server's draft sampler keeps the top 10 before the softmax that --spec-draft-p-min bounds: a long tail of
+    unlikely tokens does not lower the confidence in a pick that leads its ten best."""
+    import numpy as np
+
+    from lemonkit.backends.llamacpp.draft_model import greedy_pick
+
+    logits = np.full(50_000, -2.0, dtype=np.float32)  # a long tail, together about as likely as the pick
+    logits[:10] = [5.0, 3.0, *([1.0] * 8)]
+    token, p = greedy_pick(np, logits)
+    top = np.exp(logits[:10] - 5.0)
+    assert token == 0 and p == pytest.approx(1 / float(top.sum()), rel=1e-6)
+    assert p > 0.75 > 1 / float(np.exp(logits - 5.0).sum())  # over the whole row it would stop the draft
+    short = greedy_pick(np, logits[1:5])  # fewer than ten: all of them
+    assert short[0] == 0 and short[1] == pytest.approx(1 / float(np.exp(logits[1:5] - 3.0).sum()), rel=1e-6)

@@ -3,8 +3,6 @@ the draft length adapts."""
 
 from __future__ import annotations
 
-import pytest
-
 from lemonkit.backends.llamacpp.drafts import MAX_PAUSE, NgramPool, SeqDrafts, SpecSettings
 
 
@@ -101,19 +99,3 @@ def test_the_pool_holds_back_drafts_under_its_minimum_and_starts_over_when_they_
         drafts.record(8, 1)
     assert drafts.lookup(8) == []  # cleared
 
-
-def test_a_draft_models_confidence_is_its_pick_among_its_ten_best() -> None:
-    """llama-server's draft sampler keeps the top 10 before the softmax that --spec-draft-p-min bounds: a long tail of
-    unlikely tokens does not lower the confidence in a pick that leads its ten best."""
-    import numpy as np
-
-    from lemonkit.backends.llamacpp.draft_model import greedy_pick
-
-    logits = np.full(50_000, -2.0, dtype=np.float32)  # a long tail, together about as likely as the pick
-    logits[:10] = [5.0, 3.0, *([1.0] * 8)]
-    token, p = greedy_pick(np, logits)
-    top = np.exp(logits[:10] - 5.0)
-    assert token == 0 and p == pytest.approx(1 / float(top.sum()), rel=1e-6)
-    assert p > 0.75 > 1 / float(np.exp(logits - 5.0).sum())  # over the whole row it would stop the draft
-    short = greedy_pick(np, logits[1:5])  # fewer than ten: all of them
-    assert short[0] == 0 and short[1] == pytest.approx(1 / float(np.exp(logits[1:5] - 3.0).sum()), rel=1e-6)
