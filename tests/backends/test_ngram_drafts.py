@@ -98,4 +98,3 @@ def test_the_pool_holds_back_drafts_under_its_minimum_and_starts_over_when_they_
         assert drafts.lookup(8)
         drafts.record(8, 1)
     assert drafts.lookup(8) == []  # cleared
-
