@@ -578,37 +578,72 @@ class Batcher:
         if generating and not drafted and not prompts:
             self._generate(generating)
             return
-        n = 0
-        planned: list[tuple[_Slot, list[int]]] = []
-        for slot in generating:
-            rows = [slot.last, *slot.draft]
-            self._fill(n, rows, slot.n_past, slot.id)
-            self._logits[n : n + len(rows)] = 1  # every row of a draft is checked against the sampler
-            slot.idx = n
-            planned.append((slot, rows))
-            n += len(rows)
+        planned: list[tuple[_Slot, list[int]]] = [(slot, [slot.last, *slot.draft]) for slot in generating]
+        room = self._n_batch - sum(len(rows) for _, rows in planned)
         for slot in self._order:
             if slot.last >= 0 or not slot.pending:
                 continue
-            part = slot.pending[: self._n_batch - n]
-            if not part:
+            chunk = slot.pending[:room]
+            if not chunk:
                 break
-            self._fill(n, part, slot.n_past, slot.id)
-            self._logits[n : n + len(part)] = 0
-            last = len(part) == len(slot.pending)
-            slot.idx = n + len(part) - 1 if last else -1
-            if last:
-                self._logits[slot.idx] = 1
-            planned.append((slot, part))
-            n += len(part)
-        if prompts:
-            self._run(planned, n)
-            return
-        # generating rows and drafts only: its decode prices drafts (draft_length) by its rows. It runs on -tb:
-        # trying thread counts for each size a draft makes would cost more than it could find.
-        self._short = False
-        if self._run(planned, n) and not self._short:
-            self.costs.price(n, self._decode_s)
+            planned.append((slot, chunk))
+            room -= len(chunk)
+        for part in self._parts(planned) if drafted and self._recurrent else [planned]:
+            part = [(slot, rows) for slot, rows in part if slot.seq is not None]  # an earlier part may end some
+            if not part:
+                continue
+            n = self._lay(part)
+            # a decode of generating rows and drafts only prices drafts (draft_length) by its rows. It runs on -tb:
+            # trying thread counts for each size a draft makes would cost more than it could find.
+            priced = all(slot.last >= 0 for slot, _ in part)
+            self._short = False
+            if not self._run(part, n):
+                return
+            if priced and not self._short:
+                self.costs.price(n, self._decode_s)
+
+    def _lay(self, part: list[tuple[_Slot, list[int]]]) -> int:
+        """Fill the batch from row 0 with ``part``; how many rows it took. Every row of a generating slot gives
+        logits (its draft is checked row by row against the sampler); of a prompt's chunk, only the last row of
+        the prompt does."""
+        n = 0
+        for slot, rows in part:
+            self._fill(n, rows, slot.n_past, slot.id)
+            if slot.last >= 0:
+                self._logits[n : n + len(rows)] = 1
+                slot.idx = n
+            else:
+                self._logits[n : n + len(rows)] = 0
+                slot.idx = n + len(rows) - 1 if len(rows) == len(slot.pending) else -1
+                if slot.idx >= 0:
+                    self._logits[slot.idx] = 1
+            n += len(rows)
+        return n
+
+    def _parts(self, planned: list[tuple[_Slot, list[int]]]) -> list[list[tuple[_Slot, list[int]]]]:
+        """The decodes a recurrent model's step with drafts takes: the rows without a draft, then the drafted slots
+        in groups of one length, each group within one ubatch.
+
+        llama.cpp rolls a recurrent state back from the states it kept for each token of the sequence's last
+        ubatch, where that ubatch left them. A later ubatch of the same ``llama_decode`` may move the sequence's
+        state to another cell (it gathers its own sequences' states into adjacent cells), taking the current
+        state along but not the kept ones, and the rollback after the decode would read another cell's. Once the
+        rollback is pending, a move takes the rolled-back state, so each group is verified, and its rejected
+        drafts dropped, before the next decode. llama.cpp would split these rows into much the same ubatches (a
+        ubatch holds as many tokens of each of its sequences); what it adds is a compaction before each group
+        after the first that follows a rejection, where the cells are compacted (batch-invariant kernels).
+        """
+        rest = [(slot, rows) for slot, rows in planned if not slot.draft]
+        groups: dict[int, list[tuple[_Slot, list[int]]]] = {}
+        for slot, rows in planned:
+            if slot.draft:
+                groups.setdefault(len(rows), []).append((slot, rows))
+        limit = int(self._lc.llama_n_ubatch(self._ctx))
+        parts = [rest] if rest else []
+        for size, group in sorted(groups.items()):
+            per = max(1, limit // size)
+            parts += [group[i : i + per] for i in range(0, len(group), per)]
+        return parts
 
     def _generate(self, slots: list[_Slot]) -> None:
         """A step of generating slots only: one decode or several, on as many threads as measured fastest
