@@ -45,6 +45,7 @@ __all__ = [
     "apply_changes",
     "check_runnable",
     "draft_context",
+    "drafts_with_head",
     "is_unset",
     "llamacpp_context_size",
     "load_body",
@@ -187,11 +188,17 @@ def rollback_tokens(args: Mapping[str, Any], labels: Iterable[str]) -> int:
     them: ``--spec-draft-n-max`` where the load speculates (``--spec-type``, ``-md`` or the ``mtp`` label's default
     ``draft-mtp``), else none."""
     kinds = args.get("spec_type")
-    by_label = kinds is None and "model_draft" not in args and "mtp" in labels
-    if not (kinds if kinds is not None else "model_draft" in args or by_label):
+    if not (kinds if kinds is not None else "model_draft" in args or "mtp" in labels):
         return 0
-    mtp = by_label or "draft-mtp" in (kinds or ())
-    return int(args.get("draft_max", MTP_DRAFT_MAX if mtp else DEFAULT_DRAFT_MAX))
+    return int(args.get("draft_max", MTP_DRAFT_MAX if drafts_with_head(args, labels) else DEFAULT_DRAFT_MAX))
+
+
+def drafts_with_head(args: Mapping[str, Any], labels: Iterable[str]) -> bool:
+    """Whether a load asks to draft with the model's own MTP layers: ``--spec-type draft-mtp``, or the ``mtp``
+    label's default where neither ``--spec-type`` nor a draft model is given (the engine loads without where the
+    file has no such layers)."""
+    kinds = args.get("spec_type")
+    return "draft-mtp" in (kinds or ()) or (kinds is None and "model_draft" not in args and "mtp" in labels)
 
 
 def draft_context(n_ctx: int, n_parallel: int, draft_max: int) -> int:

@@ -194,6 +194,7 @@ class Layout:
         state_width: Per block, the values of a sequence's recurrent state (convolution and SSM states, as
             llama.cpp sizes them: Mamba, Qwen3.5's delta-net, LFM2's convolutions, RWKV); zero in attention blocks,
             empty for a model without recurrent layers.
+        n_nextn: Of the blocks, the last ones that are MTP (next-n) layers (``<arch>.nextn_predict_layers``).
     """
 
     arch: str
@@ -205,6 +206,7 @@ class Layout:
     n_embd: int
     n_vocab: int
     state_width: tuple[int, ...] = ()
+    n_nextn: int = 0
 
     @property
     def weight_bytes(self) -> int:
@@ -284,7 +286,8 @@ def _scan_layout(f: BinaryIO, file_size: int) -> Layout | None:
     kv_width = tuple(
         0 if state and state[i] else int(h) * (k + v) for i, h in enumerate((per_layer_kv + [0] * n_layer)[:n_layer])
     )
-    return Layout(arch, n_layer, tuple(layer_bytes), other, output, kv_width, n_embd, n_vocab, state)
+    n_nextn = int(values.get(f"{arch}.nextn_predict_layers", 0) or 0)
+    return Layout(arch, n_layer, tuple(layer_bytes), other, output, kv_width, n_embd, n_vocab, state, n_nextn)
 
 
 #: per-layer arrays the layout reads (the others are skipped)

@@ -25,6 +25,7 @@ from lemonkit.catalog.recipe_options import (
     DEFAULT_N_BATCH,
     DEFAULT_N_PARALLEL,
     draft_context,
+    drafts_with_head,
     llamacpp_context_size,
     rollback_tokens,
 )
@@ -88,9 +89,9 @@ def _offload(options: Mapping[str, Any]) -> tuple[str, dict[str, Any], bool]:
     return backend, args, backend != "cpu" and args.get("n_gpu_layers") != 0 and args.get("devices") != []
 
 
-def _cache_args(info: ModelInfo, args: Mapping[str, Any], n_ctx: int) -> dict[str, int]:
-    """The estimates' batch, KV cache and recurrent state arguments, from the load's flags (an embedding model's
-    batch is its context)."""
+def _cache_args(info: ModelInfo, args: Mapping[str, Any], n_ctx: int) -> dict[str, Any]:
+    """The estimates' batch, KV cache, recurrent state and MTP head arguments, from the load's flags (an embedding
+    model's batch is its context)."""
     return {
         "n_ubatch": int(args.get("n_ubatch", 512)) if info.type == "llm" else n_ctx,
         "type_k": int(args.get("type_k", 1)),
@@ -98,6 +99,7 @@ def _cache_args(info: ModelInfo, args: Mapping[str, Any], n_ctx: int) -> dict[st
         # the slots, and at most the padding and retire sequences beside (see the llama.cpp engine)
         "n_seq": int(args.get("n_parallel", DEFAULT_N_PARALLEL)) + 2,
         "n_rs_seq": rollback_tokens(args, info.labels),
+        "mtp": info.type == "llm" and drafts_with_head(args, info.labels),
     }
 
 

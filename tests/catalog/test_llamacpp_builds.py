@@ -27,10 +27,16 @@ from lemonkit.catalog.placement import (
     host_estimate,
     parse_size,
 )
-from lemonkit.catalog.recipe_options import rollback_tokens
+from lemonkit.catalog.recipe_options import drafts_with_head, rollback_tokens
 from lemonkit.formats.gguf_header import read_gguf_layout
 from lemonkit.formats.llamacpp_args import parse_llamacpp_args
-from lemonkit.testing.tiny_gguf import write_tiny_lfm2, write_tiny_llama, write_tiny_mamba, write_tiny_qwen35
+from lemonkit.testing.tiny_gguf import (
+    write_tiny_lfm2,
+    write_tiny_llama,
+    write_tiny_mamba,
+    write_tiny_mtp,
+    write_tiny_qwen35,
+)
 
 
 def _program(path: Path) -> Path:
@@ -273,18 +279,64 @@ def test_recurrent_states_in_the_layout_are_what_llama_cpp_keeps(tmp_path: Path,
 
 
 @pytest.mark.parametrize(
-    ("args", "labels", "tokens"),
+    ("args", "labels", "tokens", "head"),
     [
-        ("", ["chat"], 0),
-        ("--spec-type none", ["chat", "mtp"], 0),
-        ("", ["chat", "mtp"], 3),  # the label's draft-mtp, 3 tokens
-        ("--spec-type ngram-simple", ["chat"], 16),
-        ("--spec-type ngram-mod --spec-draft-n-max 5", ["chat"], 5),
-        ("-md other", ["chat", "mtp"], 16),  # a draft model, not the label's head
+        ("", ["chat"], 0, False),
+        ("--spec-type none", ["chat", "mtp"], 0, False),
+        ("", ["chat", "mtp"], 3, True),  # the label's draft-mtp, 3 tokens
+        ("--spec-type ngram-simple", ["chat"], 16, False),
+        ("--spec-type ngram-mod --spec-draft-n-max 5", ["chat"], 5, False),
+        ("--spec-type draft-mtp", ["chat"], 3, True),
+        ("-md other", ["chat", "mtp"], 16, False),  # a draft model, not the label's head
     ],
 )
-def test_the_tokens_a_recurrent_state_is_kept_for(args: str, labels: list[str], tokens: int) -> None:
-    assert rollback_tokens(parse_llamacpp_args(args), labels) == tokens
+def test_the_tokens_a_recurrent_state_is_kept_for(args: str, labels: list[str], tokens: int, head: bool) -> None:
+    parsed = parse_llamacpp_args(args)
+    assert rollback_tokens(parsed, labels) == tokens
+    assert drafts_with_head(parsed, labels) is head
+
+
+def test_the_mtp_heads_compute_buffer_is_in_the_plan(tmp_path: Path) -> None:
+    """A model drafting with its MTP layers runs them in a second context with a compute buffer of its own: the
+    estimate counts one like the target's, which is what llama.cpp reserves for the two (read off its log)."""
+    import llama_cpp as lc
+    from llama_cpp._logger import llama_log_callback
+
+    from lemonkit.backends.llamacpp import LlamaCppEngine
+
+    path = write_tiny_mtp(tmp_path / "mtp.gguf")
+    layout = read_gguf_layout(path)
+    assert layout is not None and layout.n_nextn == 1
+    reserved: list[float] = []
+
+    @lc.llama_log_callback
+    def log(level: int, text: bytes, user_data: Any) -> None:
+        line = text.decode(errors="replace")
+        if "sched_reserve:" in line and "compute buffer size =" in line:
+            reserved.append(float(line.split("=")[1].split()[0]) * MiB)
+
+    buffers = {}
+    lc.llama_log_set(log, None)
+    try:
+        for args in ("--spec-type none", "--spec-type draft-mtp"):
+            reserved.clear()
+            options = {"n_threads": 2, "ctx_size": 1024, "llamacpp_args": args}
+            LlamaCppEngine({"model_path": str(path), "type": "llm", "options": options}).close()
+            buffers[args] = list(reserved)
+    finally:
+        lc.llama_log_set(llama_log_callback, None)
+    assert len(buffers["--spec-type none"]) == 1 and len(buffers["--spec-type draft-mtp"]) == 2
+    everything = layout.n_layer + 1
+    alone = estimate(layout, everything, n_ctx=1024, overhead=0).compute
+    both = estimate(layout, everything, n_ctx=1024, overhead=0, mtp=True).compute
+    assert both == 2 * alone
+    for want, got in ((buffers["--spec-type none"][0], alone), (sum(buffers["--spec-type draft-mtp"]), both)):
+        assert 0.8 < got / want < 1.25, (got, want)
+    # without next-n layers there is no head to count, whatever the flags say
+    plain = read_gguf_layout(write_tiny_llama(tmp_path / "plain.gguf"))
+    assert plain is not None and plain.n_nextn == 0
+    assert estimate(plain, 3, n_ctx=1024, mtp=True) == estimate(plain, 3, n_ctx=1024)
+    assert host_estimate(1, layout, n_ctx=1024, mtp=True) > host_estimate(1, layout, n_ctx=1024)
 
 
 def test_host_memory_of_a_sidecar(tmp_path: Path) -> None:

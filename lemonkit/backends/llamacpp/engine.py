@@ -374,6 +374,7 @@ class LlamaCppEngine:
             # a recurrent model's states: per slot (with the padding and retire sequences), per rollback token
             "n_seq": self._n_parallel + 2,
             "n_rs_seq": self._speculation.draft_max if self._speculation.on else 0,
+            "mtp": self._speculation.wants_mtp,  # the head's own context, with its compute buffer
         }
         budget = None
         if not chosen:
