@@ -103,13 +103,17 @@ def estimate(
     kv = int(sum(layout.kv_width[i] for i in blocks) * n_ctx * per_token) if kv_offload else 0
     states = sum(layout.state_width[i] for i in blocks if i < len(layout.state_width))
     state = states * 4 * n_seq * (1 + n_rs_seq) if kv_offload else 0  # float32, as llama.cpp keeps them
-    contexts = 2 if mtp and layout.n_nextn else 1
     compute = n_ubatch * layout.n_embd * 4 * 8  # activations of one ubatch, several live at once
     if layers > layout.n_layer:
         # the output layer: its own tensor, or the input embedding duplicated for it when the two are tied
         weights += layout.output_bytes or layout.other_bytes
         compute += n_ubatch * layout.n_vocab * 4
-    return Estimate(layers, weights, kv, overhead + contexts * compute, state)
+    return Estimate(layers, weights, kv, overhead + _contexts(layout, mtp) * compute, state)
+
+
+def _contexts(layout: Layout, mtp: bool) -> int:
+    """The llama.cpp contexts a load computes in: the target's, and its MTP head's when it drafts with one."""
+    return 2 if mtp and layout.n_nextn else 1
 
 
 def host_estimate(
@@ -155,7 +159,7 @@ def host_estimate(
         n_rs_seq=n_rs_seq,
         mtp=mtp,
     )
-    outputs = _HOST_OUTPUTS * layout.n_vocab * 4 * (2 if mtp and layout.n_nextn else 1)
+    outputs = _HOST_OUTPUTS * layout.n_vocab * 4 * _contexts(layout, mtp)
     return PROCESS_BYTES + file_bytes + blocks.kv + blocks.state + blocks.compute + outputs + cache_ram
 
 
