@@ -4,7 +4,8 @@
                                      [--sections decode,cache] [--no-llama-server]
 
 Everything on the bundled Gemma 3 270M (``Gemma-3-270m-GGUF``), greedy, one stream, the same GGUF, threads and
-context for every contender; ``llama-server`` is built as ``benchmarks/concurrency.py`` builds it.
+context for every contender, and the same prompts (llama-server formats chats with its built-in Gemma template, as
+lemonkit does); ``llama-server`` is built as ``benchmarks/concurrency.py`` builds it.
 
 decode: three workloads, each request sent to every contender in turn (rounds interleave them), after one request
     of each workload that is not measured:
@@ -89,6 +90,10 @@ def _llama_server(binary: Path, gguf: Path, args: Any, extra: list[str]) -> Cont
     port = free_port()
     command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads)]
     command += ["-tb", str(args.threads), "-c", str(args.ctx), "--parallel", "1", "-fa", "on", "--no-webui"]
+    # the GGUF carries no chat template: llama-server would fall back to ChatML where lemonkit formats Gemma's turns
+    # (its catalog's chat_format), and the two would answer different prompts. Its built-in "gemma" template writes
+    # the same 21 prompt tokens (builtin names need --no-jinja: with jinja "gemma" is read as a template's text)
+    command += ["--no-jinja", "--chat-template", "gemma"]
     command += [*llama_server_cpu_flags(), *extra]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"

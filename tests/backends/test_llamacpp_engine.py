@@ -6,8 +6,10 @@ shapes, determinism and constraints, not meaning); a few run on the bundled Gemm
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
+import re
 import shlex
 import threading
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ import jsonschema
 import pytest
 
 from lemonkit.backends.llamacpp import LlamaCppEngine
+from lemonkit.backends.llamacpp import sampler as sampler_module
 from lemonkit.backends.llamacpp.sampler import SeqSampler
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotApplicable, NotEmbeddingModel
 from lemonkit.testing.tiny_gguf import (
@@ -1113,4 +1116,56 @@ def test_a_grammar_keeps_only_the_draft_tokens_it_allows(tiny_path: Path) -> Non
     finally:
         sampler.close()
         free.close()
+        llm.close()
+
+
+@pytest.mark.parametrize("top", [2, 4096])
+def test_greedy_under_a_grammar_picks_the_best_token_it_allows(
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch, top: int
+) -> None:
+    """Greedy decoding under a grammar checks the highest logits one by one before it applies the grammar to the
+    whole vocabulary: every step picks what llama.cpp's grammar sampler and a greedy pick over all tokens pick, with
+    the grammar's token among the checked ones (``top`` 4096) and beyond them (``top`` 2, the full pass)."""
+    import llama_cpp as lc
+    import numpy as np
+
+    monkeypatch.setattr(sampler_module, "BEST_ALLOWED_TOP", top)
+    llm = lc.Llama(model_path=str(tiny_path), n_ctx=256, verbose=False)
+    grammar = 'root ::= ( " red" | " green" | " blue" | " yes" )+'
+    ours = SeqSampler(llm, {"temp": 0.0}, 1, grammar, lambda _: False)
+    reference = lc.llama_sampler_init_grammar(llm._model.vocab, grammar.encode(), b"root")
+    n_vocab = llm.n_vocab()
+    data = (lc.llama_token_data * n_vocab)()
+    full_passes, picked = 0, []
+    load = SeqSampler._load_logits
+
+    def counted(self: SeqSampler, ctx: Any, idx: int) -> None:
+        nonlocal full_passes
+        full_passes += 1
+        load(self, ctx, idx)
+
+    monkeypatch.setattr(SeqSampler, "_load_logits", counted)
+    try:
+        llm.eval(llm.tokenize(b"hello there"))
+        forced = 0
+        for _ in range(30):
+            logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(n_vocab,)).copy()
+            for i in range(n_vocab):
+                data[i].id, data[i].logit, data[i].p = i, float(logits[i]), 0.0
+            array = lc.llama_token_data_array(data=data, size=n_vocab, selected=-1, sorted=False)
+            lc.llama_sampler_apply(reference, ctypes.byref(array))
+            masked = np.array([data[i].logit for i in range(n_vocab)])
+            expected = int(masked.argmax())
+            token = ours.sample(llm._ctx.ctx, -1)
+            assert token == expected
+            forced += int(logits.argmax()) != token
+            lc.llama_sampler_accept(reference, token)
+            llm.eval([token])
+            picked.append(token)
+        assert forced > 0  # the grammar overruled the model's own pick, so the search ran
+        assert (full_passes > 0) == (top == 2)  # the whole vocabulary only when the checked ones held none
+        assert re.fullmatch(r"( red| green| blue| yes)+", llm.detokenize(picked).decode())
+    finally:
+        lc.llama_sampler_free(reference)
+        ours.close()
         llm.close()

@@ -20,6 +20,11 @@ from lemonkit.errors import InvalidArgument
 __all__ = ["ReasoningBudget", "SeqSampler"]
 
 
+#: how many of the highest logits greedy decoding under a grammar checks one by one before it applies the grammar to
+#: the whole vocabulary (:meth:`SeqSampler._best_allowed`)
+BEST_ALLOWED_TOP = 512
+
+
 class SeqSampler:
     """The sampler of one sequence.
 
@@ -109,11 +114,15 @@ class SeqSampler:
             return int(lc.llama_sampler_sample(self._chain.sampler, ctx, idx))  # applies and accepts
         chain, grammar, cur = self._chain.sampler, self._grammar, self._cur
         if self._argmax:  # greedy under a grammar: the argmax if the grammar allows it, else the best it allows
-            token = int(self._logits(ctx, idx).argmax())
+            logits = self._logits(ctx, idx)
+            token = int(logits.argmax())
             if not self._allows(token):
-                self._load_logits(ctx, idx)
-                lc.llama_sampler_apply(grammar, ctypes.byref(cur))
-                token = int(self._cand["id"][self._cand["logit"].argmax()])
+                best = self._best_allowed(logits)
+                if best is None:
+                    self._load_logits(ctx, idx)
+                    lc.llama_sampler_apply(grammar, ctypes.byref(cur))
+                    best = int(self._cand["id"][self._cand["logit"].argmax()])
+                token = best
             if not self._is_eog(token):
                 lc.llama_sampler_accept(grammar, token)
             return token
@@ -129,6 +138,28 @@ class SeqSampler:
             lc.llama_sampler_accept(grammar, token)
         lc.llama_sampler_accept(chain, token)
         return token
+
+    def _best_allowed(self, logits: Any) -> int | None:
+        """The token greedy decoding under the grammar picks, if it is among the :data:`BEST_ALLOWED_TOP` highest
+        logits: the first of them, best first and the lowest id among equal logits, that the grammar allows; None if
+        none is.
+
+        It is what applying the grammar to the whole vocabulary and taking the argmax gives, for much less: there
+        llama.cpp walks the grammar's stacks for each of Gemma's 262k tokens (37 ms a row here; 13 rows of the
+        extraction benchmark's 117, 0.49 s of its 0.5 s of sampling), where one candidate costs microseconds and the
+        token the grammar allows when the model wants another (a key in another order, prose before the JSON) lies
+        near the top (ranks 77 and 109 at worst there; all sampling then took 0.03 s).
+        """
+        import numpy as np
+
+        top = min(BEST_ALLOWED_TOP, len(logits))
+        best = np.argpartition(logits, -top)[-top:]
+        floor = logits[best].min()
+        ids = np.flatnonzero(logits >= floor)  # every token tied with the last one in, so ties resolve as argmax
+        for token in ids[np.lexsort((ids, -logits[ids]))]:
+            if self._allows(int(token)):
+                return int(token)
+        return None
 
     def _allows(self, token: int, grammar: Any = None) -> bool:
         """Whether the grammar (``grammar``: a copy of it) accepts ``token`` next: one candidate, not the vocab."""
