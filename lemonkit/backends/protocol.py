@@ -57,6 +57,7 @@ class LoadSpec(TypedDict, total=False):
     model_path: str
     mmproj_path: str | None
     draft_path: str | None  # a draft model for speculative decoding (-md, the "draft" checkpoint, a companion)
+    mtp_path: str | None  # an MTP head in a file of its own (a Gemma 4 assistant) that draft-mtp drafts with
     chat_format: str | None
     labels: list[str]  # the registry row's labels (``mtp`` switches MTP drafts on by default)
     options: dict[str, Any]  # resolved recipe options: ctx_size, llamacpp_args, ...

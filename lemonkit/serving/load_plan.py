@@ -20,14 +20,23 @@ from lemonkit.catalog import llamacpp_builds
 from lemonkit.catalog.config import Settings
 from lemonkit.catalog.hardware import detect_devices
 from lemonkit.catalog.model_info import ModelInfo, ResolvedFiles
-from lemonkit.catalog.recipe_options import RECIPE_OPTIONS, is_unset
+from lemonkit.catalog.recipe_options import RECIPE_OPTIONS, drafts_with_head, is_unset
 from lemonkit.catalog.registry import Registry
 from lemonkit.catalog.system_info import backend_status
 from lemonkit.errors import BackendNotInstalled, InvalidArgument, ModelLoadRefused, ModelNotFound
 from lemonkit.formats.llamacpp_args import parse_llamacpp_args
 from lemonkit.serving.memory import auto_context_limit, host_need
 
-__all__ = ["LoadPlan", "check_backend", "draft_file", "llamacpp_build", "plan_load", "replace_options", "set_pin"]
+__all__ = [
+    "LoadPlan",
+    "check_backend",
+    "draft_file",
+    "head_file",
+    "llamacpp_build",
+    "plan_load",
+    "replace_options",
+    "set_pin",
+]
 
 
 async def check_backend(settings: Settings, recipe: str, backend: str, *, installed: bool) -> None:
@@ -81,8 +90,13 @@ async def plan_load(settings: Settings, registry: Registry, info: ModelInfo, opt
     if info.recipe == "llamacpp":
         await asyncio.to_thread(_check_gguf, files.main)
         auto_limit = await asyncio.to_thread(auto_context_limit, settings, files.main, options)
-    draft = await asyncio.to_thread(draft_file, registry, info, files, options) if info.recipe == "llamacpp" else None
+    draft = head = None
+    if info.recipe == "llamacpp":
+        draft = await asyncio.to_thread(draft_file, registry, info, files, options)
+        head = await asyncio.to_thread(head_file, registry, info, files, options)
     others = [files.mmproj, *(p for p in files.extra.values() if p != draft)]
+    if head is not None and head not in others:
+        others.append(head)
     host_bytes = await asyncio.to_thread(host_need, info, files.main, others, options, auto_limit, draft)
     spec: LoadSpec = {
         "model_name": info.id,
@@ -91,6 +105,7 @@ async def plan_load(settings: Settings, registry: Registry, info: ModelInfo, opt
         "model_path": str(files.main),
         "mmproj_path": str(files.mmproj) if files.mmproj else None,
         "draft_path": str(draft) if draft else None,
+        "mtp_path": str(head) if head else None,
         "chat_format": info.chat_format,
         "labels": list(info.labels),  # the mtp label's speculative defaults
         "options": options,
@@ -137,14 +152,8 @@ def draft_file(registry: Registry, info: ModelInfo, files: ResolvedFiles, option
         return None
     name = args.get("model_draft")
     if name is not None:
-        try:
-            other = registry.get(name)
-        except ModelNotFound as exc:
-            raise InvalidArgument(f"llamacpp_args: -md {name}: no such model (GET /v1/models lists them)") from exc
-        if other.recipe != "llamacpp" or other.remote is not None:
-            raise InvalidArgument(f"llamacpp_args: -md {name}: a draft model must be a local llamacpp model")
-        main = registry.resolve(other).main
-        return main if kinds is None or "draft-simple" in kinds else None  # drafts only from n-grams
+        main = _named_model(registry, name)
+        return main if kinds is None or "draft-simple" in kinds else None  # n-grams, or an MTP head (head_file)
     wanted = kinds is not None and "draft-simple" in kinds
     draft = files.extra.get("draft")
     if draft is not None and (wanted or (kinds is None and not _HEAD_LABELS & set(info.labels))):
@@ -163,6 +172,35 @@ def draft_file(registry: Registry, info: ModelInfo, files: ResolvedFiles, option
             'model>, give the model a "draft" checkpoint, or put one *draft*.gguf beside its file'
         )
     return companions[0]
+
+
+def head_file(registry: Registry, info: ModelInfo, files: ResolvedFiles, options: dict[str, Any]) -> Path | None:
+    """(Blocking.) The MTP head in a file of its own that a ``draft-mtp`` load drafts with, if any: the registered
+    model ``-md`` names with ``--spec-type draft-mtp``, else the ``draft`` checkpoint of a row labelled ``mtp``
+    (Lemonade's Gemma 4 rows: the assistant). The engine checks that it is a head of the target.
+
+    Raises:
+        InvalidArgument: ``-md`` names no llama.cpp model of the registry.
+        ModelLoadError: That model is not downloaded.
+    """
+    args = parse_llamacpp_args(str(options.get("llamacpp_args") or ""))
+    if info.type != "llm" or not drafts_with_head(args, info.labels):
+        return None
+    name = args.get("model_draft")
+    if name is not None:
+        return _named_model(registry, name)
+    return files.extra.get("draft") if "mtp" in info.labels else None
+
+
+def _named_model(registry: Registry, name: str) -> Path:
+    """The file of the local llama.cpp model ``-md`` names."""
+    try:
+        other = registry.get(name)
+    except ModelNotFound as exc:
+        raise InvalidArgument(f"llamacpp_args: -md {name}: no such model (GET /v1/models lists them)") from exc
+    if other.recipe != "llamacpp" or other.remote is not None:
+        raise InvalidArgument(f"llamacpp_args: -md {name}: a draft model must be a local llamacpp model")
+    return registry.resolve(other).main
 
 
 def _check_gguf(path: Path) -> None:

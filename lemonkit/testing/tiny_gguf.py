@@ -23,6 +23,9 @@ __all__ = [
     "png_data_url",
     "write_tiny_bert_embedding",
     "write_tiny_bert_reranker",
+    "write_tiny_gemma4",
+    "write_tiny_gemma4_assistant",
+    "write_tiny_gemma4_pair",
     "write_tiny_lfm2",
     "write_tiny_llama",
     "write_tiny_mamba",
@@ -177,6 +180,7 @@ def _write(
     n_layer: int = N_LAYER,
     n_ctx_train: int = 4096,
     tokenizer: str = "llama",
+    n_embd: int = N_EMBD,
 ) -> Path:
     """Write the hyperparameters every tiny model shares, the vocab, arch-specific keys and tensors."""
     path = Path(path)
@@ -184,7 +188,7 @@ def _write(
     writer = GGUFWriter(path, arch)
     writer.add_name(name)
     writer.add_context_length(n_ctx_train)
-    writer.add_embedding_length(N_EMBD)
+    writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer)
     writer.add_feed_forward_length(N_FF)
     writer.add_head_count(N_HEAD)
@@ -560,6 +564,191 @@ def write_tiny_qwen35(path: str | os.PathLike[str], *, seed: int = 0, predictabl
         weights=w,
         configure=configure,
         n_layer=len(kinds),
+    )
+
+
+# --------------------------------------------------------------------------- Gemma 4 and its MTP assistant
+
+#: Gemma 4's layers, sliding-window (True) or full attention: the last one full and the one before it sliding, as
+#: the assistant reads the cache of those two
+_G4_SWA = (True, False, True, False)
+#: the head widths of sliding and full layers (Gemma 4's full layers have the wider heads), the KV heads of both
+_G4_HEAD_SWA, _G4_HEAD_FULL, _G4_HEAD_KV = 16, 32, 2
+_G4_WINDOW = 128  # the sliding window
+_G4_ROPE_BASE, _G4_ROPE_BASE_SWA = 1_000_000.0, 10_000.0
+#: the assistant's width (its own, under the target's) and its layers (which target layer's cache each reads)
+_G4A_EMBD, _G4A_SWA = 32, (True, False)
+
+
+def _g4_rope_freqs() -> np.ndarray:
+    """The full layers' "proportional" rope as the converter writes it: a quarter of the head rotates, the rest
+    is held still by a huge frequency divisor."""
+    n_rot = _G4_HEAD_FULL // 8  # partial_rotary_factor 0.25, in pairs
+    return np.array([1.0] * n_rot + [1e30] * (_G4_HEAD_FULL // 2 - n_rot), dtype=np.float32)
+
+
+def _g4_silence_blocks(w: _Weights) -> None:
+    """Zero every block's attention and FFN output: the residual stream carries the token's embedding alone."""
+    for name, array in w.tensors.items():
+        if name.endswith(("attn_output.weight", "ffn_down.weight")):
+            array[...] = 0.0
+
+
+def _g4_predictable_output(output: np.ndarray, scale: float) -> np.ndarray:
+    """A predictable pair's output layer from the target's random one: its first ``_G4A_EMBD`` dimensions (the rest
+    zero), scaled so the picks are sure ones (mostly over ``--spec-draft-p-min``)."""
+    cut = np.zeros_like(output)
+    cut[:, :_G4A_EMBD] = output[:, :_G4A_EMBD] * scale
+    return cut
+
+
+def _g4_attention_keys(writer: GGUFWriter, swa: tuple[bool, ...]) -> None:
+    """The attention hyperparameters the target and its assistant share (the assistant attends to the target's
+    cached keys and values, so they must match)."""
+    writer.add_head_count_kv(_G4_HEAD_KV)
+    writer.add_key_length(_G4_HEAD_FULL)
+    writer.add_value_length(_G4_HEAD_FULL)
+    writer.add_key_length_swa(_G4_HEAD_SWA)
+    writer.add_value_length_swa(_G4_HEAD_SWA)
+    writer.add_rope_dimension_count(_G4_HEAD_FULL)
+    writer.add_rope_dimension_count_swa(_G4_HEAD_SWA)  # else the full layers' count, wider than a sliding head
+    writer.add_rope_freq_base(_G4_ROPE_BASE)
+    writer.add_rope_freq_base_swa(_G4_ROPE_BASE_SWA)
+    writer.add_sliding_window(_G4_WINDOW)
+    writer.add_sliding_window_pattern(list(swa))
+
+
+def write_tiny_gemma4(path: str | os.PathLike[str], *, seed: int = 0, predictable: bool = False) -> Path:
+    """Write a random-weight Gemma 4 (``gemma4``) chat GGUF; return its path.
+
+    Four dense layers, sliding-window and full attention in turn (the full ones with wider heads and Gemma 4's
+    partial "proportional" rope), no per-layer embeddings and no layers sharing another's KV cache, as Gemma 4 31B.
+    Same vocabulary and ChatML template as :func:`write_tiny_llama`. :func:`write_tiny_gemma4_assistant` writes its
+    MTP drafter (any seed fits; for ``predictable`` pairs, the same seed).
+
+    Args:
+        predictable: Make the next token a fixed function of the last one, which
+            ``write_tiny_gemma4_assistant(predictable=True)`` of the same seed drafts: every block's attention and FFN
+            outputs are zero (the hidden state is the token's embedding), and the embedding and output layer use
+            only the first 32 of the 64 dimensions, the assistant's width, so it can carry them.
+    """
+    vocab, w = _chat_weights(seed)
+    for layer, swa in enumerate(_G4_SWA):
+        blk = f"blk.{layer}"
+        head = _G4_HEAD_SWA if swa else _G4_HEAD_FULL
+        w.norm(f"{blk}.attn_norm", bias=False)
+        w.normal(f"{blk}.attn_q.weight", N_HEAD * head, N_EMBD)
+        w.normal(f"{blk}.attn_k.weight", _G4_HEAD_KV * head, N_EMBD)
+        w.normal(f"{blk}.attn_v.weight", _G4_HEAD_KV * head, N_EMBD)
+        w.normal(f"{blk}.attn_output.weight", N_EMBD, N_HEAD * head)
+        w.const(f"{blk}.attn_q_norm.weight", 1.0, head)
+        w.const(f"{blk}.attn_k_norm.weight", 1.0, head)
+        w.norm(f"{blk}.post_attention_norm", bias=False)
+        w.norm(f"{blk}.ffn_norm", bias=False)
+        w.linear(f"{blk}.ffn_gate", N_FF, N_EMBD, bias=False)
+        w.linear(f"{blk}.ffn_up", N_FF, N_EMBD, bias=False)
+        w.linear(f"{blk}.ffn_down", N_EMBD, N_FF, bias=False)
+        w.norm(f"{blk}.post_ffw_norm", bias=False)
+    w.tensors["rope_freqs.weight"] = _g4_rope_freqs()
+    if predictable:
+        _g4_silence_blocks(w)
+        w.tensors["token_embd.weight"][:, _G4A_EMBD:] = 0.0
+        w.tensors["output.weight"][...] = _g4_predictable_output(w.tensors["output.weight"], 32.0)
+
+    def configure(writer: GGUFWriter) -> None:
+        _g4_attention_keys(writer, _G4_SWA)
+        writer.add_embedding_length_per_layer_input(0)  # required; 0: no per-layer embeddings
+        writer.add_shared_kv_layers(0)
+        _chat_keys(writer, vocab)
+
+    return _write(
+        path,
+        "gemma4",
+        name="tiny-gemma4",
+        vocab=vocab,
+        weights=w,
+        configure=configure,
+        n_layer=len(_G4_SWA),
+    )
+
+
+def write_tiny_gemma4_assistant(path: str | os.PathLike[str], *, seed: int = 0, predictable: bool = False) -> Path:
+    """Write a random-weight Gemma 4 MTP drafter (``gemma4-assistant``) for :func:`write_tiny_gemma4`; return its
+    path.
+
+    A model of its own, narrower than the target, whose layers hold no keys or values: llama.cpp runs it in a
+    context made with ``ctx_other`` set to the target's context, where it attends to the target's KV cache (its
+    sliding layer to the target's last sliding layer's, its full one to the target's last layer's). It reads a
+    token, embedded by the target's ``token_embd``, with the target's hidden state (``embedding_length_out``
+    wide), and gives logits over the same vocabulary (through its own tied ``token_embd``) and its next hidden
+    state, through ``nextn.post_projection``.
+
+    Args:
+        seed: The weights' seed; with ``predictable``, the target's.
+        predictable: Draft what ``write_tiny_gemma4(predictable=True)`` of the same seed will say: the blocks'
+            outputs are zero, ``nextn.pre_projection`` passes the token's embedding alone (its first 32 dimensions,
+            where the target's embedding lives) and the output layer is the target's, cut to those
+            dimensions, so each draft is the target's next token after the drafted one. Its drafts are all accepted.
+    """
+    vocab = _llama_vocab()
+    n_vocab, n_embd = len(vocab.tokens), _G4A_EMBD
+    w = _Weights(seed)
+    _quiet(w.normal("token_embd.weight", n_vocab, n_embd), vocab)  # also the output layer
+    w.const("output_norm.weight", 1.0, n_embd)
+    w.normal("nextn.pre_projection.weight", n_embd, 2 * N_EMBD)  # [target's embedding of the token, h] -> n_embd
+    w.normal("nextn.post_projection.weight", N_EMBD, n_embd)  # -> the next h, the target's width
+    for layer, swa in enumerate(_G4A_SWA):
+        blk = f"blk.{layer}"
+        head = _G4_HEAD_SWA if swa else _G4_HEAD_FULL
+        w.const(f"{blk}.attn_norm.weight", 1.0, n_embd)
+        w.normal(f"{blk}.attn_q.weight", N_HEAD * head, n_embd)
+        w.normal(f"{blk}.attn_output.weight", n_embd, N_HEAD * head)
+        w.const(f"{blk}.attn_q_norm.weight", 1.0, head)
+        w.const(f"{blk}.post_attention_norm.weight", 1.0, n_embd)
+        w.const(f"{blk}.layer_output_scale.weight", 1.0, 1)
+        w.const(f"{blk}.ffn_norm.weight", 1.0, n_embd)
+        w.normal(f"{blk}.ffn_gate.weight", N_FF, n_embd)
+        w.normal(f"{blk}.ffn_up.weight", N_FF, n_embd)
+        w.normal(f"{blk}.ffn_down.weight", n_embd, N_FF)
+        w.const(f"{blk}.post_ffw_norm.weight", 1.0, n_embd)
+    w.tensors["rope_freqs.weight"] = _g4_rope_freqs()
+    if predictable:
+        _g4_silence_blocks(w)
+        pre = w.tensors["nextn.pre_projection.weight"]  # input: the target's embedding of the token, then h
+        pre[...] = 0.0
+        pre[:, :n_embd] = np.eye(n_embd, dtype=np.float32)
+        target_output = _chat_weights(seed)[1].tensors["output.weight"]  # the target's draws, in the same order
+        # x2: its final norm over 32 dimensions, not 64, leaves its logits 1/sqrt(2) of the target's
+        w.tensors["token_embd.weight"][...] = _g4_predictable_output(target_output, 64.0)[:, :n_embd]
+
+    def configure(writer: GGUFWriter) -> None:
+        _g4_attention_keys(writer, _G4A_SWA)
+        writer.add_embedding_length_out(N_EMBD)  # the target's hidden size (llama.cpp refuses it equal to its own)
+        writer.add_nextn_predict_layers(len(_G4A_SWA))  # every layer is a next-n layer
+        _chat_keys(writer, vocab)
+
+    return _write(
+        path,
+        "gemma4-assistant",
+        name="tiny-gemma4-assistant",
+        vocab=vocab,
+        weights=w,
+        configure=configure,
+        n_layer=len(_G4A_SWA),
+        n_embd=n_embd,
+    )
+
+
+def write_tiny_gemma4_pair(
+    directory: str | os.PathLike[str], *, seed: int = 0, predictable: bool = False
+) -> tuple[Path, Path]:
+    """Write :func:`write_tiny_gemma4` and its :func:`write_tiny_gemma4_assistant` (same seed and ``predictable``)
+    into ``directory`` as ``tiny-gemma4.gguf`` and ``tiny-gemma4-assistant.gguf``; return their paths, the
+    target's first."""
+    directory = Path(directory)
+    return (
+        write_tiny_gemma4(directory / "tiny-gemma4.gguf", seed=seed, predictable=predictable),
+        write_tiny_gemma4_assistant(directory / "tiny-gemma4-assistant.gguf", seed=seed, predictable=predictable),
     )
 
 

@@ -18,6 +18,9 @@ from tests.support.hosts import API_KEY, Host, Standalone
 from tests.support.session import HF_CACHE
 from tests.support.tiny_models import (
     DRAFTED,
+    GEMMA4_ASSISTANT,
+    GEMMA4_MTP,
+    GEMMA4_RANDOM_MTP,
     HYBRID,
     HYBRID_MTP,
     HYBRID_MTP_RANDOM,
@@ -223,6 +226,51 @@ async def test_mtp_drafts_change_no_token_and_the_mtp_label_switches_them_on() -
     assert _texts([again]) == _texts([drafted["together"][3]])  # reproducible by its seed, drafts or not
     _all_but_sampled_accepted(drafted)
     assert "draft_n" not in no_head["timings"] and no_head["usage"]["completion_tokens"] == 48
+
+
+async def test_a_gemma4_assistant_drafts_over_the_targets_cache_and_changes_no_token() -> None:
+    """Lemonade's Gemma 4 MTP rows: the mtp label with a "draft" checkpoint that is Gemma 4's assistant, a head in a
+    file of its own reading the target's KV cache. An assistant that says what the target will has its drafts
+    accepted; a random one (named with ``-md`` and ``--spec-type draft-mtp``, pinned to 4 tokens a step) has most
+    rejected; neither changes a token, alone or beside other streams."""
+    server = Standalone({"LEMONADE_API_KEY": API_KEY})
+    try:
+        host = Host("standalone", server.root, API_KEY)
+        async with host.client() as client:
+            await _load(client, "--spec-type none", GEMMA4_MTP)
+            assert await _speculative_slots(client, GEMMA4_MTP) == [False] * 4
+            plain = await _workload(client, GEMMA4_MTP)
+            await _load(client, "--spec-draft-n-min 1", GEMMA4_MTP)  # the label's draft-mtp, drafting every step
+            assert await _speculative_slots(client, GEMMA4_MTP) == [True] * 4
+            drafted = await _workload(client, GEMMA4_MTP)
+            await client.post("unload", json={"model_name": GEMMA4_MTP})
+            await _load(client, "--spec-type none", GEMMA4_RANDOM_MTP)
+            random_plain = await _workload(client, GEMMA4_RANDOM_MTP)
+            await _load(client, f"-md {GEMMA4_ASSISTANT} --spec-type draft-mtp {PINNED}", GEMMA4_RANDOM_MTP)
+            rejected = await _workload(client, GEMMA4_RANDOM_MTP)
+    finally:
+        server.stop()
+    _same_tokens(drafted, plain)
+    _all_but_sampled_accepted(drafted)
+    _same_tokens(rejected, random_plain)
+    n, accepted = _drafted(rejected)
+    assert n - accepted >= 40, (n, accepted)
+
+
+async def test_an_mtp_head_file_of_another_model_is_refused_at_load(host: Host) -> None:
+    """``-md`` with ``--spec-type draft-mtp`` names an MTP head file: a draft model (no head) and a head whose
+    target is another model are refused with a 400 that says why, and the server is none the worse."""
+    async with host.client() as client:
+        for model, args, why in (
+            (GEMMA4_RANDOM_MTP, f"-md {TINY} --spec-type draft-mtp", "not an MTP head"),
+            (TINY, f"-md {GEMMA4_ASSISTANT} --spec-type draft-mtp", "another model"),
+        ):
+            refused = await client.post("load", json={"model_name": model, "llamacpp_args": args})
+            assert refused.status_code == 400, (args, refused.text)
+            error = refused.json()["error"]
+            assert error["code"] == "model_load_refused" and why in error["message"], (args, error)
+        works = await client.post("load", json={"model_name": TINY})
+        assert works.status_code == 200, works.text
 
 
 async def test_a_hybrid_model_rolls_its_recurrent_state_back_past_rejected_drafts() -> None:

@@ -12,6 +12,9 @@ __all__ = [
     "DRAFTED",
     "EMBED",
     "GEMMA",
+    "GEMMA4_ASSISTANT",
+    "GEMMA4_MTP",
+    "GEMMA4_RANDOM_MTP",
     "HYBRID",
     "HYBRID_MTP",
     "HYBRID_MTP_RANDOM",
@@ -53,6 +56,13 @@ HYBRID_MTP = "user.tiny-qwen35-mtp"
 #: the same layout of random weights throughout, labelled ``mtp``: its head's drafts are mostly wrong
 HYBRID_MTP_RANDOM = "user.tiny-qwen35"
 COMPANION_REPO = "lemonkit-test/tiny-companion-GGUF"
+#: a tiny Gemma 4 labelled ``mtp`` whose "draft" checkpoint is its assistant (a head in a file of its own, which
+#: reads the target's cache), as Lemonade's Gemma-4-*-MTP-GGUF rows: the assistant drafts what the target says
+GEMMA4_MTP = "user.tiny-gemma4-mtp"
+#: the same layout of random weights, target and assistant: the assistant's drafts are mostly wrong
+GEMMA4_RANDOM_MTP = "user.tiny-gemma4-random-mtp"
+#: the random assistant alone, as a registered model (``-md`` with ``--spec-type draft-mtp``)
+GEMMA4_ASSISTANT = "user.tiny-gemma4-assistant"
 #: the bundled Gemma 3 270M (real weights)
 GEMMA = "Gemma-3-270m-GGUF"
 
@@ -63,6 +73,8 @@ def write_models() -> None:
         WORDS,
         write_tiny_bert_embedding,
         write_tiny_bert_reranker,
+        write_tiny_gemma4,
+        write_tiny_gemma4_assistant,
         write_tiny_lfm2,
         write_tiny_llama,
         write_tiny_mamba,
@@ -83,6 +95,10 @@ def write_models() -> None:
     write_tiny_lfm2(snapshot / "tiny-lfm2.gguf")
     write_tiny_qwen35(snapshot / "tiny-qwen35-mtp.gguf", predictable=True)
     write_tiny_qwen35(snapshot / "tiny-qwen35.gguf")
+    write_tiny_gemma4(snapshot / "tiny-gemma4-p.gguf", predictable=True)
+    write_tiny_gemma4_assistant(snapshot / "tiny-gemma4-p-assistant.gguf", predictable=True)
+    write_tiny_gemma4(snapshot / "tiny-gemma4.gguf", seed=2)
+    write_tiny_gemma4_assistant(snapshot / "tiny-gemma4-assistant.gguf", seed=3)
     companion = _snapshot(COMPANION_REPO)
     write_tiny_llama(companion / "tiny-llama.gguf")
     write_tiny_llama(companion / "tiny-llama-draft.gguf", seed=1)
@@ -129,6 +145,27 @@ def write_models() -> None:
             "labels": ["chat", "mtp"],
         },
         "tiny-qwen35": {"checkpoint": f"{TEST_REPO}:tiny-qwen35.gguf", "recipe": "llamacpp", "labels": ["chat", "mtp"]},
+        "tiny-gemma4-mtp": {
+            "checkpoints": {
+                "main": f"{TEST_REPO}:tiny-gemma4-p.gguf",
+                "draft": f"{TEST_REPO}:tiny-gemma4-p-assistant.gguf",
+            },
+            "recipe": "llamacpp",
+            "labels": ["chat", "mtp"],
+        },
+        "tiny-gemma4-random-mtp": {
+            "checkpoints": {
+                "main": f"{TEST_REPO}:tiny-gemma4.gguf",
+                "draft": f"{TEST_REPO}:tiny-gemma4-assistant.gguf",
+            },
+            "recipe": "llamacpp",
+            "labels": ["chat", "mtp"],
+        },
+        "tiny-gemma4-assistant": {
+            "checkpoint": f"{TEST_REPO}:tiny-gemma4-assistant.gguf",
+            "recipe": "llamacpp",
+            "labels": ["chat"],
+        },
         "not-gguf": {"checkpoint": f"{TEST_REPO}:not-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
         "broken-gguf": {"checkpoint": f"{TEST_REPO}:broken-gguf.gguf", "recipe": "llamacpp", "labels": ["chat"]},
     }

@@ -44,16 +44,20 @@ def greedy_pick(np: Any, logits: Any) -> tuple[int, float]:
     return token, 1.0 / total if total > 0 and math.isfinite(total) else 0.0
 
 
-def check_vocab(target: Any, draft: Any, name: str) -> None:
+def check_vocab(tv: Any, dv: Any, name: str) -> None:
     """Refuse a draft model whose tokens are not the target's: the same tokenizer type, BOS/EOS and texts for every
     id both have, and sizes within :data:`VOCAB_SIZE_SLACK`.
+
+    Args:
+        tv: The target's ``llama_vocab`` pointer.
+        dv: The draft model's.
+        name: The draft model's file name, for the messages.
 
     Raises:
         ModelLoadRefused: They differ; the message says where.
     """
     import llama_cpp as lc
 
-    tv, dv = target._model.vocab, draft._model.vocab
     checks = (
         ("tokenizer type", lc.llama_vocab_type(tv), lc.llama_vocab_type(dv)),
         ("add-BOS setting", lc.llama_vocab_get_add_bos(tv), lc.llama_vocab_get_add_bos(dv)),
@@ -133,7 +137,7 @@ class DraftModel:
         except (ValueError, RuntimeError, OSError) as exc:
             raise ModelLoadError(f"llama.cpp could not load the draft model {name}: {exc}") from exc
         try:
-            check_vocab(target, self._llm, name)
+            check_vocab(target._model.vocab, self._llm._model.vocab, name)
             model = self._llm._model.model
             if lc.llama_model_is_recurrent(model) or lc.llama_model_is_hybrid(model):
                 # its drafted tokens are dropped after each draft, which a recurrent state cannot do

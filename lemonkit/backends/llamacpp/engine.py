@@ -141,6 +141,8 @@ class LlamaCppEngine:
         self._sampling = Sampling.from_args(args)
         n_parallel = args.pop("n_parallel", DEFAULT_N_PARALLEL)
         cache_ram = args.pop("cache_ram", DEFAULT_CACHE_RAM)
+        #: an MTP head in a file of its own (a Gemma 4 assistant: the row's "draft" checkpoint, or -md with draft-mtp)
+        self._head_path: str | None = spec.get("mtp_path")
         speculation = self._speculation_settings(args, spec.get("draft_path"), spec.get("labels") or ())
         # sequences beside the slots: one for padding (see kernels), one for rejected drafts' cells (see batch)
         limit = llama_cpp.llama_max_parallel_sequences() - 1 - speculation.on
@@ -217,15 +219,20 @@ class LlamaCppEngine:
         try:
             speculation = self._speculation = self._usable(speculation)
             if speculation.wants_mtp:
-                mtp = MtpHead(
-                    self._llm,
-                    n_seq=self._n_parallel,
-                    n_ctx=draft_context(ctx, self._n_parallel, speculation.draft_max),
-                    n_batch=kwargs["n_batch"],
-                    threads=(threads, kwargs["n_threads_batch"]),
-                    is_eog=functools.partial(_vocab_eog, self._llm._model.vocab),
-                    turn=self._turn,
-                )
+                with load_on(chosen):
+                    mtp = MtpHead(
+                        self._llm,
+                        n_seq=self._n_parallel,
+                        n_ctx=draft_context(ctx, self._n_parallel, speculation.draft_max),
+                        n_batch=kwargs["n_batch"],
+                        threads=(threads, kwargs["n_threads_batch"]),
+                        is_eog=functools.partial(_vocab_eog, self._llm._model.vocab),
+                        turn=self._turn,
+                        head_path=self._head_path,
+                        # a head file reads the target's last layers' cache: beside it (llama.cpp offloads the last
+                        # layers first)
+                        n_gpu_layers=999 if self._offload["layers"] else 0,
+                    )
             if speculation.wants_model:
                 with load_on(chosen):
                     draft_model = DraftModel(
@@ -318,7 +325,7 @@ class LlamaCppEngine:
         model = self._llm._model.model
         recurrent = llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
         stuck = recurrent and llama_cpp.llama_n_rs_seq(self._llm._ctx.ctx) < settings.draft_max
-        no_head = settings.wants_mtp and mtp_layers(self._llm) <= 0
+        no_head = settings.wants_mtp and mtp_layers(self._llm) <= 0 and self._head_path is None
         if stuck or no_head:
             if self._spec_by_label:
                 why = "its recurrent layers cannot be rolled back" if stuck else "its file has no MTP layers"
