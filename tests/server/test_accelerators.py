@@ -33,7 +33,7 @@ from lemonkit.catalog.accelerators import detect
 from tests.support.hosts import API_KEY, Host, Standalone
 from tests.support.jupyter_process import JupyterServer
 from tests.support.session import CACHE_DIR
-from tests.support.tiny_models import TINY, TINY_B
+from tests.support.tiny_models import GEMMA4_MTP, TINY, TINY_B
 
 pytestmark = [pytest.mark.vulkan, pytest.mark.slow]
 
@@ -243,6 +243,32 @@ async def test_a_draft_model_drafts_on_the_cpu_for_a_target_on_the_gpu(vhost: Ho
         timings = response.json()["timings"]
         assert timings["draft_n"] > 0 and 0 < timings["draft_n_accepted"] <= timings["draft_n"], timings
         await client.post("unload", json={"model_name": TINY})
+
+
+async def test_a_gemma4_assistant_drafts_beside_its_target_on_the_gpu(vhost: Host) -> None:
+    """Gemma 4's assistant reads the target's cache, so it goes where that cache is: on lavapipe with every target
+    layer, its drafts made over the GPU's cells and accepted, and the text the same as without drafts."""
+    async with _client(vhost) as client:
+        events = await _install(client)  # the wheel an earlier test built: no compile
+        assert events[-1][0] == "complete", events[-3:]
+        request = {"model": GEMMA4_MTP, "prompt": "red green blue red green blue", "max_tokens": 24, "temperature": 0}
+        answers = []
+        for args in ("--spec-type none", "--spec-draft-n-min 1"):
+            body = {"model_name": GEMMA4_MTP, "llamacpp_backend": "vulkan", "llamacpp_args": args}
+            response = await client.post("load", json=body)
+            assert response.status_code == 200, response.text
+            health = (await client.get("health")).json()
+            (entry,) = [m for m in health["all_models_loaded"] if m["model_name"] == GEMMA4_MTP]
+            assert entry["device"] == "gpu" and entry["offload"]["layers"] == entry["offload"]["of"], entry
+            response = await client.post("completions", json=request)
+            assert response.status_code == 200, response.text
+            answers.append(response.json())
+            await client.post("unload", json={"model_name": GEMMA4_MTP})
+    plain, drafted = answers
+    assert drafted["choices"][0]["text"] == plain["choices"][0]["text"]
+    timings = drafted["timings"]
+    assert timings["draft_n"] > 0 and timings["draft_n_accepted"] >= 0.9 * timings["draft_n"], timings
+    assert "draft_n" not in plain["timings"]
 
 
 async def test_a_bundled_model_answers_on_lavapipe(vhost: Host) -> None:

@@ -391,7 +391,9 @@ class LlamaCppEngine:
         elif asked == "auto":
             free = sum(d.free for d in chosen) * 9 // 10  # a tenth kept for the driver and other programs
             budget = min(free, spec.get("device_budget") or free)
-            layers = fit_layers(layout, budget, **fit).layers if layout is not None else everything
+            # a head file goes on the GPU whole beside any offloaded layer (see MtpHead's n_gpu_layers)
+            head = os.path.getsize(self._head_path) if self._head_path and self._speculation.wants_mtp else 0
+            layers = fit_layers(layout, budget - head, **fit).layers if layout is not None else everything
         else:
             layers = min(int(asked), everything)
         guess = estimate(layout, layers, **fit) if layout is not None else None
