@@ -228,28 +228,37 @@ async def test_mtp_drafts_change_no_token_and_the_mtp_label_switches_them_on() -
     assert "draft_n" not in no_head["timings"] and no_head["usage"]["completion_tokens"] == 48
 
 
+async def _head_runs(good: str, random: str, random_args: str) -> tuple[dict[str, Any], ...]:
+    """The workload of a model whose MTP head says what the target will (``good``), without drafts and with the
+    mtp label's (drafting every step), then of one whose head is random, without and with ``random_args``."""
+    server = Standalone({"LEMONADE_API_KEY": API_KEY})
+    try:
+        host = Host("standalone", server.root, API_KEY)
+        async with host.client() as client:
+            await _load(client, "--spec-type none", good)
+            assert await _speculative_slots(client, good) == [False] * 4
+            plain = await _workload(client, good)
+            await _load(client, "--spec-draft-n-min 1", good)
+            assert await _speculative_slots(client, good) == [True] * 4
+            drafted = await _workload(client, good)
+            await client.post("unload", json={"model_name": good})
+            await _load(client, "--spec-type none", random)
+            random_plain = await _workload(client, random)
+            await _load(client, random_args, random)
+            rejected = await _workload(client, random)
+    finally:
+        server.stop()
+    return plain, drafted, random_plain, rejected
+
+
 async def test_a_gemma4_assistant_drafts_over_the_targets_cache_and_changes_no_token() -> None:
     """Lemonade's Gemma 4 MTP rows: the mtp label with a "draft" checkpoint that is Gemma 4's assistant, a head in a
     file of its own reading the target's KV cache. An assistant that says what the target will has its drafts
     accepted; a random one (named with ``-md`` and ``--spec-type draft-mtp``, pinned to 4 tokens a step) has most
     rejected; neither changes a token, alone or beside other streams."""
-    server = Standalone({"LEMONADE_API_KEY": API_KEY})
-    try:
-        host = Host("standalone", server.root, API_KEY)
-        async with host.client() as client:
-            await _load(client, "--spec-type none", GEMMA4_MTP)
-            assert await _speculative_slots(client, GEMMA4_MTP) == [False] * 4
-            plain = await _workload(client, GEMMA4_MTP)
-            await _load(client, "--spec-draft-n-min 1", GEMMA4_MTP)  # the label's draft-mtp, drafting every step
-            assert await _speculative_slots(client, GEMMA4_MTP) == [True] * 4
-            drafted = await _workload(client, GEMMA4_MTP)
-            await client.post("unload", json={"model_name": GEMMA4_MTP})
-            await _load(client, "--spec-type none", GEMMA4_RANDOM_MTP)
-            random_plain = await _workload(client, GEMMA4_RANDOM_MTP)
-            await _load(client, f"-md {GEMMA4_ASSISTANT} --spec-type draft-mtp {PINNED}", GEMMA4_RANDOM_MTP)
-            rejected = await _workload(client, GEMMA4_RANDOM_MTP)
-    finally:
-        server.stop()
+    plain, drafted, random_plain, rejected = await _head_runs(
+        GEMMA4_MTP, GEMMA4_RANDOM_MTP, f"-md {GEMMA4_ASSISTANT} --spec-type draft-mtp {PINNED}"
+    )
     _same_tokens(drafted, plain)
     _all_but_sampled_accepted(drafted)
     _same_tokens(rejected, random_plain)
@@ -303,22 +312,9 @@ async def test_mtp_beside_recurrent_layers_changes_no_token() -> None:
     that says what the trunk will is accepted and changes no token; a head of random weights, pinned to draft 4
     tokens a step, is mostly rejected, each rejection rolling the delta-net state back, and changes no greedy
     token either."""
-    server = Standalone({"LEMONADE_API_KEY": API_KEY})
-    try:
-        host = Host("standalone", server.root, API_KEY)
-        async with host.client() as client:
-            await _load(client, "--spec-type none", HYBRID_MTP)
-            plain = await _workload(client, HYBRID_MTP)
-            await _load(client, "--spec-draft-n-min 1", HYBRID_MTP)
-            assert await _speculative_slots(client, HYBRID_MTP) == [True] * 4
-            drafted = await _workload(client, HYBRID_MTP)
-            await client.post("unload", json={"model_name": HYBRID_MTP})
-            await _load(client, "--spec-type none", HYBRID_MTP_RANDOM)
-            random_plain = await _workload(client, HYBRID_MTP_RANDOM)
-            await _load(client, f"--spec-type draft-mtp {PINNED}", HYBRID_MTP_RANDOM)
-            rejected = await _workload(client, HYBRID_MTP_RANDOM)
-    finally:
-        server.stop()
+    plain, drafted, random_plain, rejected = await _head_runs(
+        HYBRID_MTP, HYBRID_MTP_RANDOM, f"--spec-type draft-mtp {PINNED}"
+    )
     _same_tokens(drafted, plain)
     _all_but_sampled_accepted(drafted)
     # verifying a draft runs the delta-net over its tokens in chunks, which rounds otherwise than one token at a
