@@ -282,16 +282,31 @@ def _scan_layout(f: BinaryIO, file_size: int) -> Layout | None:
     head_dim = n_embd // n_head if n_head else 0
     k = int(values.get(f"{arch}.attention.key_length", head_dim))
     v = int(values.get(f"{arch}.attention.value_length", head_dim))
+    # Gemma 4: sliding-window layers with heads of their own width, marked in a per-layer pattern
+    pattern = values.get(f"{arch}.attention.sliding_window_pattern")
+    swa = [bool(x) for x in pattern] if isinstance(pattern, list) else []
+    k_swa = int(values.get(f"{arch}.attention.key_length_swa", k))
+    v_swa = int(values.get(f"{arch}.attention.value_length_swa", v))
+    # Gemma 3n and 4's last layers reuse an earlier layer's cache and keep none of their own
+    own = n_layer - int(values.get(f"{arch}.attention.shared_kv_layers", 0) or 0)
     state = _state_width(arch, values, n_layer, per_layer_kv)
     kv_width = tuple(
-        0 if state and state[i] else int(h) * (k + v) for i, h in enumerate((per_layer_kv + [0] * n_layer)[:n_layer])
+        0
+        if (state and state[i]) or i >= own
+        else int(h) * ((k_swa + v_swa) if i < len(swa) and swa[i] else (k + v))
+        for i, h in enumerate((per_layer_kv + [0] * n_layer)[:n_layer])
     )
     n_nextn = int(values.get(f"{arch}.nextn_predict_layers", 0) or 0)
     return Layout(arch, n_layer, tuple(layer_bytes), other, output, kv_width, n_embd, n_vocab, state, n_nextn)
 
 
 #: per-layer arrays the layout reads (the others are skipped)
-_LAYER_ARRAYS = (".attention.head_count_kv", ".feed_forward_length", ".attention.recurrent_layers")
+_LAYER_ARRAYS = (
+    ".attention.head_count_kv",
+    ".feed_forward_length",
+    ".attention.recurrent_layers",
+    ".attention.sliding_window_pattern",
+)
 
 
 def _state_width(arch: str, values: dict[str, Any], n_layer: int, heads_kv: list[int]) -> tuple[int, ...]:

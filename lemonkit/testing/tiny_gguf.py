@@ -618,7 +618,9 @@ def _g4_attention_keys(writer: GGUFWriter, swa: tuple[bool, ...]) -> None:
     writer.add_sliding_window_pattern(list(swa))
 
 
-def write_tiny_gemma4(path: str | os.PathLike[str], *, seed: int = 0, predictable: bool = False) -> Path:
+def write_tiny_gemma4(
+    path: str | os.PathLike[str], *, seed: int = 0, predictable: bool = False, shared_kv_layers: int = 0
+) -> Path:
     """Write a random-weight Gemma 4 (``gemma4``) chat GGUF; return its path.
 
     Four dense layers, sliding-window and full attention in turn (the full ones with wider heads and Gemma 4's
@@ -631,6 +633,8 @@ def write_tiny_gemma4(path: str | os.PathLike[str], *, seed: int = 0, predictabl
             ``write_tiny_gemma4_assistant(predictable=True)`` of the same seed drafts: every block's attention and FFN
             outputs are zero (the hidden state is the token's embedding), and the embedding and output layer use
             only the first 32 of the 64 dimensions, the assistant's width, so it can carry them.
+        shared_kv_layers: How many of the last layers reuse the cache of the last earlier layer of their kind and
+            keep none of their own (Gemma 3n and 4's smaller models; 2 at most here).
     """
     vocab, w = _chat_weights(seed)
     for layer, swa in enumerate(_G4_SWA):
@@ -658,7 +662,7 @@ def write_tiny_gemma4(path: str | os.PathLike[str], *, seed: int = 0, predictabl
     def configure(writer: GGUFWriter) -> None:
         _g4_attention_keys(writer, _G4_SWA)
         writer.add_embedding_length_per_layer_input(0)  # required; 0: no per-layer embeddings
-        writer.add_shared_kv_layers(0)
+        writer.add_shared_kv_layers(shared_kv_layers)
         _chat_keys(writer, vocab)
 
     return _write(

@@ -31,6 +31,7 @@ from lemonkit.catalog.recipe_options import drafts_with_head, rollback_tokens
 from lemonkit.formats.gguf_header import read_gguf_layout
 from lemonkit.formats.llamacpp_args import parse_llamacpp_args
 from lemonkit.testing.tiny_gguf import (
+    write_tiny_gemma4,
     write_tiny_lfm2,
     write_tiny_llama,
     write_tiny_mamba,
@@ -276,6 +277,32 @@ def test_recurrent_states_in_the_layout_are_what_llama_cpp_keeps(tmp_path: Path,
     assert estimate(layout, layout.n_layer, n_ctx=512, n_seq=6, n_rs_seq=3).state == 6 * 4 * one.state
     assert estimate(layout, layout.n_layer, n_ctx=512, kv_offload=False).state == 0
     assert "recurrent state" in one.describe()
+
+
+@pytest.mark.parametrize("shared", [0, 2])
+def test_gemma4s_cache_per_layer_is_what_llama_cpp_keeps(tmp_path: Path, shared: int) -> None:
+    """Gemma 4's sliding-window layers have narrower heads than its full ones (``key_length_swa``, marked by the
+    per-layer ``sliding_window_pattern``), and its last ``shared_kv_layers`` keep no cache of their own: the
+    layout's cache per token is what llama.cpp saves of a sequence of three tokens (K and V in f16, a header)."""
+    import llama_cpp as lc
+
+    path = write_tiny_gemma4(tmp_path / "gemma4.gguf", shared_kv_layers=shared)
+    layout = read_gguf_layout(path)
+    assert layout is not None and len(set(layout.kv_width[: 4 - shared])) == 2  # two widths: sliding and full
+    assert layout.kv_width[4 - shared :] == (0,) * shared
+    lc.llama_backend_init()
+    model = lc.llama_model_load_from_file(str(path).encode(), lc.llama_model_default_params())
+    params = lc.llama_context_default_params()
+    params.n_ctx, params.n_seq_max = 256, 2
+    ctx = lc.llama_init_from_model(model, params)
+    try:
+        assert lc.llama_decode(ctx, lc.llama_batch_get_one((lc.llama_token * 3)(5, 6, 7), 3)) == 0
+        saved = lc.llama_state_seq_get_size(ctx, 0)
+    finally:
+        lc.llama_free(ctx)
+        lc.llama_model_free(model)
+    expected = sum(layout.kv_width) * 2 * 3
+    assert 0 <= saved - expected < 512, (saved, expected)
 
 
 @pytest.mark.parametrize(
