@@ -291,9 +291,7 @@ def _scan_layout(f: BinaryIO, file_size: int) -> Layout | None:
     own = n_layer - int(values.get(f"{arch}.attention.shared_kv_layers", 0) or 0)
     state = _state_width(arch, values, n_layer, per_layer_kv)
     kv_width = tuple(
-        0
-        if (state and state[i]) or i >= own
-        else int(h) * ((k_swa + v_swa) if i < len(swa) and swa[i] else (k + v))
+        0 if (state and state[i]) or i >= own else int(h) * ((k_swa + v_swa) if i < len(swa) and swa[i] else (k + v))
         for i, h in enumerate((per_layer_kv + [0] * n_layer)[:n_layer])
     )
     n_nextn = int(values.get(f"{arch}.nextn_predict_layers", 0) or 0)
