@@ -1119,17 +1119,19 @@ def test_a_grammar_keeps_only_the_draft_tokens_it_allows(tiny_path: Path) -> Non
         llm.close()
 
 
-@pytest.mark.parametrize("top", [2, 4096])
+@pytest.mark.parametrize("tops", [(2, 2), (2, 4096), (4096, 4096)])
 def test_greedy_under_a_grammar_picks_the_best_token_it_allows(
-    tiny_path: Path, monkeypatch: pytest.MonkeyPatch, top: int
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch, tops: tuple[int, int]
 ) -> None:
-    """Greedy decoding under a grammar checks the highest logits one by one before it applies the grammar to the
-    whole vocabulary: every step picks what llama.cpp's grammar sampler and a greedy pick over all tokens pick, with
-    the grammar's token among the checked ones (``top`` 4096) and beyond them (``top`` 2, the full pass)."""
+    """Greedy decoding under a grammar checks the highest logits, then more of them, before it applies the grammar
+    to the whole vocabulary: every step picks what llama.cpp's grammar sampler and a greedy pick over all tokens
+    pick, with the grammar's token among the first checked (4096), the second (2, then 4096) or neither (the full
+    pass)."""
     import llama_cpp as lc
     import numpy as np
 
-    monkeypatch.setattr(sampler_module, "BEST_ALLOWED_TOP", top)
+    monkeypatch.setattr(sampler_module, "BEST_ALLOWED_TOP", tops[0])
+    monkeypatch.setattr(sampler_module, "WIDER_ALLOWED_TOP", tops[1])
     llm = lc.Llama(model_path=str(tiny_path), n_ctx=256, verbose=False)
     grammar = 'root ::= ( " red" | " green" | " blue" | " yes" )+'
     ours = SeqSampler(llm, {"temp": 0.0}, 1, grammar, lambda _: False)
@@ -1163,9 +1165,147 @@ def test_greedy_under_a_grammar_picks_the_best_token_it_allows(
             llm.eval([token])
             picked.append(token)
         assert forced > 0  # the grammar overruled the model's own pick, so the search ran
-        assert (full_passes > 0) == (top == 2)  # the whole vocabulary only when the checked ones held none
+        assert (full_passes > 0) == (tops == (2, 2))  # the whole vocabulary only when the checked ones held none
         assert re.fullmatch(r"( red| green| blue| yes)+", llm.detokenize(picked).decode())
     finally:
         lc.llama_sampler_free(reference)
         ours.close()
+        llm.close()
+
+
+@pytest.mark.parametrize("tops", [(512, 512), (64, 4096)])
+@pytest.mark.parametrize(
+    "chain",
+    [
+        {"top_k": 40, "top_p": 0.95, "min_p": 0.05},  # the defaults: min-p leaves out what was not checked
+        {"top_k": 3, "top_p": 1.0, "min_p": 0.0},  # top-k full from the checked ones
+        {"top_k": 0, "top_p": 0.6, "min_p": 0.0},  # top-p's cut among them, whatever the rest weighs
+        {"top_k": 0, "top_p": 1.0, "min_p": 0.05},  # the draw walks the vocabulary in id order: the full pass
+    ],
+)
+def test_a_sampled_pick_under_a_grammar_is_the_one_the_full_grammar_pass_draws(
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch, tops: tuple[int, int], chain: dict[str, Any]
+) -> None:
+    """Where the grammar refuses a sampled token, the token drawn again from the allowed ones among the highest
+    logits is the token llama-server's way draws (the grammar over the whole vocabulary, then the chain), from the
+    same seed, at every step; the whole vocabulary is gone over only when the rest could change the draw."""
+    import llama_cpp as lc
+    import numpy as np
+
+    monkeypatch.setattr(sampler_module, "BEST_ALLOWED_TOP", tops[0])
+    monkeypatch.setattr(sampler_module, "WIDER_ALLOWED_TOP", tops[1])
+    llm = lc.Llama(model_path=str(tiny_path), n_ctx=512, verbose=False)
+    grammar = 'root ::= ( " red" | " green" | " blue" | " yes" | " no" )+'
+    sampling = {"temp": 1.5, "typical_p": 1.0, **chain}
+    n_vocab = llm.n_vocab()
+    # the tiny model's logits are flat with many equal ones; a random bias per token spreads them as a trained
+    # model's are (OpenAI's logit_bias, added to the row that every pick reads)
+    spread = np.random.default_rng(3).normal(0.0, 4.0, n_vocab).astype(np.single)
+    ours = SeqSampler(llm, sampling, 7, grammar, lambda _: False, logit_bias=dict(enumerate(spread.tolist())))
+    llm.set_seed(7)
+    reference = llm._init_sampler(**sampling)
+    ref_grammar = lc.llama_sampler_init_grammar(llm._model.vocab, grammar.encode(), b"root")
+    data = (lc.llama_token_data * n_vocab)()
+    full_passes = refused = 0
+    load = SeqSampler._load_logits
+
+    def counted(self: SeqSampler, ctx: Any, idx: int) -> None:
+        nonlocal full_passes
+        full_passes += 1
+        load(self, ctx, idx)
+
+    def draw(logits: Any, *, grammar_first: bool) -> int:
+        for i in range(n_vocab):
+            data[i].id, data[i].logit, data[i].p = i, float(logits[i]), 0.0
+        array = lc.llama_token_data_array(data=data, size=n_vocab, selected=-1, sorted=False)
+        if grammar_first:
+            lc.llama_sampler_apply(ref_grammar, ctypes.byref(array))
+        lc.llama_sampler_apply(reference.sampler, ctypes.byref(array))
+        return int(array.data[array.selected].id)
+
+    monkeypatch.setattr(SeqSampler, "_load_logits", counted)
+    picked: list[int] = []
+    try:
+        llm.eval(llm.tokenize(b"hello there"))
+        steps = 60
+        for _ in range(steps):
+            logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(n_vocab,)) + spread
+            expected = draw(logits, grammar_first=False)
+            if not ours._allows(expected, ref_grammar):
+                refused += 1
+                expected = draw(logits, grammar_first=True)
+            token = ours.sample(llm._ctx.ctx, -1)
+            assert token == expected
+            lc.llama_sampler_accept(ref_grammar, token)
+            lc.llama_sampler_accept(reference.sampler, token)
+            llm.eval([token])
+            picked.append(token)
+        assert refused > steps // 4  # the model's own picks were refused often
+        full = full_passes - steps  # beyond the chain's first pass of each step
+        if chain["top_k"] == 0 and chain["top_p"] == 1.0:
+            assert full == refused
+        elif tops[1] == 4096:  # every token checked at the second try: nothing else could change a draw
+            assert full == 0
+        else:  # half the vocabulary checked: some draws were decided by it, others needed the rest
+            assert 0 < full < refused
+        *words, last = llm.detokenize(picked).decode().split(" ")
+        assert words[0] == "" and set(words[1:]) <= {"red", "green", "blue", "yes", "no"}
+        assert any(w.startswith(last) for w in ("red", "green", "blue", "yes", "no"))
+    finally:
+        lc.llama_sampler_free(ref_grammar)
+        reference.close()
+        ours.close()
+        llm.close()
+
+
+@pytest.mark.parametrize(
+    "chain",
+    [
+        {"top_k": 40, "top_p": 0.95, "min_p": 0.05},
+        {"top_k": 0, "top_p": 0.9, "min_p": 0.0},
+        {"top_k": 200, "top_p": 0.7, "min_p": 0.01},
+        {"top_k": 100, "top_p": 1.0, "min_p": 0.05},
+    ],
+)
+def test_a_sampled_pick_from_the_highest_logits_is_made_only_where_the_rest_cannot_change_it(
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch, chain: dict[str, Any]
+) -> None:
+    """With most of what the grammar allows beyond the checked logits (a grammar of any lowercase word, 32 then 64 of
+    1101 logits checked), every draw made from the checked ones alone is the full pass's draw from the same random
+    number, over many rows of logits whose spread varies; the rows where the rest could weigh in fall back."""
+    import llama_cpp as lc
+    import numpy as np
+
+    monkeypatch.setattr(sampler_module, "BEST_ALLOWED_TOP", 32)
+    monkeypatch.setattr(sampler_module, "WIDER_ALLOWED_TOP", 64)
+    llm = lc.Llama(model_path=str(tiny_path), n_ctx=64, verbose=False)
+    grammar = "root ::= [a-z]+"
+    sampling = {"temp": 1.0, "typical_p": 1.0, **chain}
+    n_vocab = llm.n_vocab()
+    data = (lc.llama_token_data * n_vocab)()
+    rng = np.random.default_rng(11)
+    reduced = 0
+    try:
+        for trial in range(120):
+            ours = SeqSampler(llm, sampling, trial, grammar, lambda _: False)
+            llm.set_seed(trial)
+            reference = llm._init_sampler(**sampling)
+            ref_grammar = lc.llama_sampler_init_grammar(llm._model.vocab, grammar.encode(), b"root")
+            try:
+                logits = rng.normal(0.0, rng.uniform(0.5, 6.0), n_vocab).astype(np.single)
+                if ours._sample_allowed(logits):
+                    reduced += 1
+                    token = int(ours._cur.data[ours._cur.selected].id)
+                    for i in range(n_vocab):
+                        data[i].id, data[i].logit, data[i].p = i, float(logits[i]), 0.0
+                    array = lc.llama_token_data_array(data=data, size=n_vocab, selected=-1, sorted=False)
+                    lc.llama_sampler_apply(ref_grammar, ctypes.byref(array))
+                    lc.llama_sampler_apply(reference.sampler, ctypes.byref(array))
+                    assert token == int(array.data[array.selected].id)
+            finally:
+                lc.llama_sampler_free(ref_grammar)
+                reference.close()
+                ours.close()
+        assert 0 < reduced < 120
+    finally:
         llm.close()
