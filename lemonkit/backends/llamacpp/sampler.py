@@ -179,13 +179,10 @@ class SeqSampler:
         floor = float(logits[best].min())
         ids = np.flatnonzero(logits >= floor)  # every token tied with the last one in, so ties resolve as argmax
         ids = ids[np.lexsort((ids, -logits[ids]))]
-        n = len(ids)
-        cand, cur = self._cand, self._cur
-        cand["id"][:n], cand["logit"][:n], cand["p"][:n] = ids, logits[ids], 0.0
-        cur.data, cur.size, cur.selected, cur.sorted = self._cand_ptr, n, -1, False
-        lc.llama_sampler_apply(self._grammar, ctypes.byref(cur))  # marks refused ones -inf, in place
-        kept = ids[cand["logit"][:n] != -math.inf]
-        return kept, logits[kept], floor if n < len(logits) else -math.inf
+        self._load(ids, logits[ids], is_sorted=False)
+        lc.llama_sampler_apply(self._grammar, ctypes.byref(self._cur))  # marks refused ones -inf, in place
+        kept = ids[self._cand["logit"][: len(ids)] != -math.inf]
+        return kept, logits[kept], floor if len(ids) < len(logits) else -math.inf
 
     def _sample_allowed(self, logits: Any) -> bool:
         """Sample the chain again from the tokens the grammar allows among the highest logits (the
@@ -231,11 +228,8 @@ class SeqSampler:
                     return False
             elif not under_min_p:
                 return False
-        n = len(keep)
-        cand, cur = self._cand, self._cur
-        cand["id"][:n], cand["logit"][:n], cand["p"][:n] = keep, kept, 0.0
-        cur.data, cur.size, cur.selected, cur.sorted = self._cand_ptr, n, -1, True
-        self._lc.llama_sampler_apply(self._chain.sampler, ctypes.byref(cur))
+        self._load(keep, kept, is_sorted=True)
+        self._lc.llama_sampler_apply(self._chain.sampler, ctypes.byref(self._cur))
         return True
 
     def _allows(self, token: int, grammar: Any = None) -> bool:
@@ -270,12 +264,15 @@ class SeqSampler:
             lc.llama_sampler_free(walker)
 
     def _load_logits(self, ctx: Any, idx: int) -> None:
-        # Samplers may repoint ``data`` and shrink ``size``: reset the whole array each time.
-        cand, cur = self._cand, self._cur
-        cand["id"] = self._ids
-        cand["logit"] = self._logits(ctx, idx)
-        cand["p"] = 0.0
-        cur.data, cur.size, cur.selected, cur.sorted = self._cand_ptr, self._n_vocab, -1, False
+        """The whole vocabulary as the candidates, in id order."""
+        self._load(self._ids, self._logits(ctx, idx), is_sorted=False)
+
+    def _load(self, ids: Any, logits: Any, *, is_sorted: bool) -> None:
+        """``ids`` with their ``logits`` as the candidates (``self._cur``), sorted best first if ``is_sorted``."""
+        # Samplers may repoint ``data``, shrink ``size`` and reorder: reset all of it each time.
+        n, cand, cur = len(ids), self._cand, self._cur
+        cand["id"][:n], cand["logit"][:n], cand["p"][:n] = ids, logits, 0.0
+        cur.data, cur.size, cur.selected, cur.sorted = self._cand_ptr, n, -1, is_sorted
 
     def logprob(self, ctx: Any, idx: int, token: int, n_top: int) -> tuple[float, list[tuple[int, float]]]:
         """Log-probability of ``token`` and the ``n_top`` best alternatives, from logits row ``idx``."""
