@@ -26,6 +26,7 @@ also is (so ``except ValueError`` still catches a bad request)::
             ModelLoadRefused 400
             ModelNotApplicable 400
             PrerequisitesMissing 400
+            TooLarge 413
         ModelLoadError 500 (RuntimeError)
         NotEmbeddingModel 501
         NotFound 404 (LookupError)
@@ -80,6 +81,7 @@ __all__ = [
     "SlotBusy",
     "SlotsPinned",
     "StructuredOutputError",
+    "TooLarge",
     "TooManyRequests",
     "Unauthorized",
     "error_from_body",
@@ -167,6 +169,13 @@ class PrerequisitesMissing(InvalidRequest):
     commands that install them."""
 
     code = "prerequisites_missing"
+
+
+class TooLarge(InvalidRequest):
+    """A body or an upload over the server's size limit."""
+
+    status = 413
+    code = "payload_too_large"
 
 
 class BackendUnavailable(LemonkitError, RuntimeError):

@@ -131,6 +131,11 @@ def _env_size(name: str) -> int | None:
         raise ValueError(f"{name}: {e}") from None
 
 
+def _env_size_or(name: str, default: int) -> int:
+    size = _env_size(name)
+    return default if size is None else size
+
+
 @dataclass(frozen=True)
 class LiveLimits:
     """Bounds on the body of ``POST /v1/audio/transcriptions/live`` (spec: audio-api.md, ``live_ingest``);
@@ -311,6 +316,12 @@ class Settings:
             (``LEMONKIT_GPU_MEMORY``, e.g. ``6GiB``): a share of a GPU others use too.
         backend_wheels_dir: Where wheels of llama.cpp builds are kept, so a reinstall does not compile again
             (``LEMONKIT_BACKEND_WHEELS``; default ``<cache_dir>/backends/wheels``).
+        files_max_bytes: The largest file ``POST /v1/files`` takes (``LEMONKIT_FILES_MAX_BYTES``, e.g. ``200MB``;
+            default 512 MiB, OpenAI's limit); a larger upload is answered 413 and nothing of it is kept.
+        batch_max_requests: Requests one batch's input file may hold (``LEMONKIT_BATCH_MAX_REQUESTS``; default
+            50,000, OpenAI's limit).
+        answer_cache_bytes: Bytes the answer cache may hold on disk, per user on a shared server, least recently used
+            answers going first (``LEMONKIT_ANSWER_CACHE``, e.g. ``2GiB``; default 1 GiB; ``0`` turns it off).
 
     Raises:
         ValueError: A bad server-wide ``llamacpp_args``, or a negative ``max_queue``.
@@ -365,6 +376,9 @@ class Settings:
             else None
         )
     )
+    files_max_bytes: int = field(default_factory=lambda: _env_size_or("LEMONKIT_FILES_MAX_BYTES", 512 * 1024**2))
+    batch_max_requests: int = field(default_factory=lambda: _env_int("LEMONKIT_BATCH_MAX_REQUESTS", 50_000))
+    answer_cache_bytes: int = field(default_factory=lambda: _env_size_or("LEMONKIT_ANSWER_CACHE", 1024**3))
     #: the best llama.cpp build installed for this machine's devices (the manager reads it off the loop, the
     #: installer after each change): the default ``llamacpp_backend`` where the operator set none
     detected_llamacpp_backend: str | None = field(default=None, repr=False, compare=False)

@@ -20,7 +20,7 @@ from lemonkit.catalog.config import LiveLimits, RemoteSettings, Settings, UserLi
 from lemonkit.catalog.placement import parse_size
 from lemonkit.catalog.recipe_table import load_recipes
 from lemonkit.errors import Unauthorized
-from lemonkit.server import forward, routes
+from lemonkit.server import batches, forward, routes
 from lemonkit.server.service import SETTINGS_KEY, Service
 from lemonkit.serving import hub_discovery
 
@@ -176,6 +176,7 @@ class LemonkitExtension(ExtensionApp):
         settings.api_key = None  # Jupyter's own auth guards every route
         self.service = Service(settings)
         self.settings.update({SETTINGS_KEY: self.service})
+        batches.start(self.service)
 
     def _initialize_forwarding(self) -> None:
         hub = hub_discovery.HubEnvironment.from_env(required=True)

@@ -31,7 +31,7 @@ from tornado.httpserver import HTTPServer
 
 from lemonkit.catalog.config import Settings
 from lemonkit.errors import Forbidden, ForbiddenOrigin, Unauthorized
-from lemonkit.server import routes
+from lemonkit.server import batches, routes
 from lemonkit.server.handler import LemonkitHandler
 from lemonkit.server.service import SETTINGS_KEY, Service
 from lemonkit.serving.caller import Caller
@@ -216,6 +216,7 @@ async def serve(hub: HubSettings, settings: Settings | None = None, *, preload: 
     redact_logs()  # ?token= must not reach a log line
     _HubAuth.instance()  # reads the hub's variables now: a misconfigured service fails at start, not per request
     service = Service(settings)
+    batches.start(service)
     service.settings.api_key = None  # the hub's tokens guard every route
     server = HTTPServer(make_app(service, hub), xheaders=True)  # the hub's proxy sets X-Forwarded-*
     server.listen(hub.port, address=hub.host)

@@ -6,6 +6,8 @@ from typing import Any
 
 from lemonkit.server import (
     anthropic,
+    batches,
+    files_api,
     image_generation,
     install,
     lemonade,
@@ -56,7 +58,13 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("audio/transcriptions/details", transcriptions.TranscriptionDetailsHandler),
     ("audio/transcriptions/live", live_transcription.LiveTranscriptionHandler),
     ("audio/alignments", transcriptions.AlignmentHandler),
-    ("batches/transcriptions", transcriptions.BatchTranscriptionHandler),
+    ("batches/transcriptions", transcriptions.BatchTranscriptionHandler),  # before batches/{id}
+    ("files", files_api.FilesHandler),
+    ("files/(?P<file_id>[^/]+)", files_api.FileHandler),
+    ("files/(?P<file_id>[^/]+)/content", files_api.FileContentHandler),
+    ("batches", batches.BatchesHandler),
+    ("batches/(?P<batch_id>[^/]+)", batches.BatchHandler),
+    ("batches/(?P<batch_id>[^/]+)/cancel", batches.BatchCancelHandler),
     ("audio/speech", speech.SpeechHandler),
     ("audio/voices", speech.VoicesHandler),
     ("audio/models", speech.SpeechModelsHandler),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 from lemonkit.catalog import accelerators
 from lemonkit.catalog.config import Settings
@@ -12,7 +13,9 @@ from lemonkit.catalog.support import SupportPolicy
 from lemonkit.downloads import DownloadManager
 from lemonkit.errors import AdminRequired
 from lemonkit.serving import log_store
+from lemonkit.serving.batch_store import BatchStore
 from lemonkit.serving.caller import current, tag_callers
+from lemonkit.serving.file_store import FileStore
 from lemonkit.serving.installer import Installer
 from lemonkit.serving.manager import ModelManager
 from lemonkit.serving.response_store import ResponseStore
@@ -39,6 +42,10 @@ class Service:
         self.manager = ModelManager(self.settings, self.registry, install=self.install)
         self.installer = Installer(self.settings, self.manager)
         self.responses = ResponseStore(self.settings.cache_dir)
+        self.files = FileStore(self.settings.cache_dir)
+        self.batch_store = BatchStore(self.settings.cache_dir)
+        #: runs the batches (:mod:`lemonkit.server.batches`, which hosts start once their loop runs)
+        self.batch_runner: Any = None
         log_store.install()  # the log stream starts with the server
         # the GPU drivers are asked once per process, in a child (about 2 s with Mesa's lavapipe): start now, so no
         # request waits for it
@@ -81,5 +88,7 @@ class Service:
         await self.downloads.install(models, by=current.get().name)  # who asked sees the job
 
     async def close(self) -> None:
+        if self.batch_runner is not None:
+            await self.batch_runner.close()
         await self.downloads.close()
         await self.manager.close()

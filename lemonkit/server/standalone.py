@@ -16,7 +16,7 @@ from tornado.netutil import bind_sockets
 
 from lemonkit.catalog.config import DEFAULT_PORT, Settings
 from lemonkit.errors import Unauthorized
-from lemonkit.server import routes
+from lemonkit.server import batches, routes
 from lemonkit.server.probe import ProbeFastPath
 from lemonkit.server.security import ALLOW_HEADERS, POLICY_KEY, BrowserPolicy
 from lemonkit.server.service import SETTINGS_KEY, Service
@@ -163,6 +163,7 @@ async def serve(
             sock.close()
         raise
     service = Service(settings)
+    batches.start(service)
     # a plain GET /live is answered before the application's routing (see probe.py)
     server = HTTPServer(ProbeFastPath(make_app(service, policy), policy))
     server.add_sockets(sockets)

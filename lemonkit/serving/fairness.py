@@ -14,6 +14,10 @@ A user's limits count, per user and across models:
 
 ``0`` is no limit, the default (a personal server's one user is its owner).
 
+Background requests (a batch's rows, :data:`background`) wait behind every interactive one: a waiting interactive
+request is granted the next free slot whatever background requests wait, so a chat sent while a batch runs starts
+as soon as one row ends. Among background requests the round-robin across users is the same.
+
 Besides, the requests waiting at one model, all users together, are bounded (``max_queue``, back-pressure): one
 more is refused at once with :class:`~lemonkit.errors.QueueFull` (503), told to retry once the queue ahead of it
 has likely been served, rather than left waiting past its client's own timeout.
@@ -35,7 +39,7 @@ from typing import Any
 from lemonkit.catalog.config import UserLimits
 from lemonkit.errors import QueueFull, TooManyRequests
 
-__all__ = ["FairScheduler", "ModelQueue", "TokenBucket"]
+__all__ = ["FairScheduler", "ModelQueue", "TokenBucket", "background"]
 
 log = logging.getLogger("lemonkit.fairness")
 
@@ -43,6 +47,8 @@ log = logging.getLogger("lemonkit.fairness")
 _FIRST_GUESS = 1.0
 #: the user whose admitted request the running code serves (tasks it starts inherit it)
 _admitted: contextvars.ContextVar[str | None] = contextvars.ContextVar("lemonkit_admitted", default=None)
+#: the running code serves background work (a batch's rows): its turns wait behind interactive requests
+background: contextvars.ContextVar[bool] = contextvars.ContextVar("lemonkit_background", default=False)
 
 
 class TokenBucket:
@@ -92,13 +98,16 @@ class ModelQueue:
         self.in_flight = 0
         #: user -> their waiting requests; a user's place in this order is their place in the round
         self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+        #: the same for background requests, granted only when no interactive request waits
+        self._background: dict[str, deque[asyncio.Future[None]]] = {}
+        self._last_background: str | None = None
         self._last: str | None = None
         #: seconds a turn lasts, smoothed: what a refused request is told to wait
         self.typical_turn = _FIRST_GUESS
 
     @property
     def waiting(self) -> int:
-        return sum(len(q) for q in self._waiting.values())
+        return sum(len(q) for q in self._waiting.values()) + sum(len(q) for q in self._background.values())
 
     def retry_after(self) -> float:
         """Seconds until the requests waiting now have likely had their turns (a refused request's
@@ -113,9 +122,11 @@ class ModelQueue:
             "queue_depth": self.waiting,
         }
 
-    def must_wait(self) -> bool:
-        """Whether a request arriving now waits for its turn."""
-        return self.in_flight >= self.capacity or bool(self._waiting)
+    def must_wait(self, *, behind: bool | None = None) -> bool:
+        """Whether a request arriving now waits for its turn (``behind``: it is a background one; default: whether
+        the running code is, :data:`background`)."""
+        behind = background.get() if behind is None else behind
+        return self.in_flight >= self.capacity or bool(self._waiting) or (behind and bool(self._background))
 
     def set_capacity(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
@@ -127,18 +138,20 @@ class ModelQueue:
         Raises:
             CancelledError: The request was cancelled meanwhile; it holds no turn.
         """
-        if not self.must_wait():
-            self._granted(user)
+        behind = background.get()
+        if not self.must_wait(behind=behind):
+            self._granted(user, behind=behind)
             return
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(user, deque()).append(turn)
+        waiting = self._background if behind else self._waiting
+        waiting.setdefault(user, deque()).append(turn)
         try:
             await turn
         except asyncio.CancelledError:
             if turn.done() and not turn.cancelled():
                 self.release()  # granted just as it was cancelled: pass the turn on
             else:
-                self._forget(user, turn)
+                self._forget(waiting, user, turn)
             raise
 
     def release(self, held: float | None = None) -> None:
@@ -148,33 +161,39 @@ class ModelQueue:
             self.typical_turn = 0.8 * self.typical_turn + 0.2 * held
         self._grant()
 
-    def _granted(self, user: str) -> None:
+    def _granted(self, user: str, *, behind: bool = False) -> None:
         self.in_flight += 1
-        self._last = user
+        if behind:
+            self._last_background = user
+        else:
+            self._last = user
 
-    def _forget(self, user: str, turn: asyncio.Future[None]) -> None:
-        queue = self._waiting.get(user)
+    def _forget(self, waiting: dict[str, deque[asyncio.Future[None]]], user: str, turn: asyncio.Future[None]) -> None:
+        queue = waiting.get(user)
         if queue is not None and turn in queue:
             queue.remove(turn)
             if not queue:
-                del self._waiting[user]
+                del waiting[user]
         turn.cancel()
 
-    def _next_user(self) -> str:
+    @staticmethod
+    def _next_user(waiting: dict[str, deque[asyncio.Future[None]]], last: str | None) -> str:
         """The first user in the round who was not served last (them only when nobody else waits)."""
-        return next((u for u in self._waiting if u != self._last), next(iter(self._waiting)))
+        return next((u for u in waiting if u != last), next(iter(waiting)))
 
     def _grant(self) -> None:
-        while self.in_flight < self.capacity and self._waiting:
-            user = self._next_user()
-            queue = self._waiting.pop(user)
+        while self.in_flight < self.capacity and (self._waiting or self._background):
+            behind = not self._waiting
+            waiting = self._background if behind else self._waiting
+            user = self._next_user(waiting, self._last_background if behind else self._last)
+            queue = waiting.pop(user)
             turn = queue.popleft()
             if queue:
-                self._waiting[user] = queue  # back to the end of the round
+                waiting[user] = queue  # back to the end of the round
             if turn.done():  # cancelled: its task is unwinding
                 continue
             turn.set_result(None)
-            self._granted(user)
+            self._granted(user, behind=behind)
 
 
 @dataclass

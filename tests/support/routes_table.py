@@ -11,7 +11,14 @@ from lemonkit.server.routes import API_PREFIXES, API_ROUTES, OLLAMA_PREFIX, ROOT
 from tests.support.tiny_models import TINY
 
 #: a value for each path parameter the table names
-SAMPLES = {"model_id": TINY, "digest": "sha256:" + "0" * 64, "response_id": "resp_" + "0" * 32, "slot_id": "0"}
+SAMPLES = {
+    "model_id": TINY,
+    "digest": "sha256:" + "0" * 64,
+    "response_id": "resp_" + "0" * 32,
+    "slot_id": "0",
+    "file_id": "file-" + "0" * 24,
+    "batch_id": "batch_" + "0" * 24,
+}
 #: every HTTP method a client can send (Tornado's RequestHandler.SUPPORTED_METHODS)
 METHODS = ("GET", "HEAD", "POST", "DELETE", "PATCH", "PUT", "OPTIONS")
 #: paths no route serves: they must need credentials too
