@@ -7,13 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from typing import Any
 
 import httpx
 import pytest
-from openai import OpenAI, PermissionDeniedError
+from openai import NotFoundError, OpenAI, PermissionDeniedError
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 from websockets.typing import Origin
@@ -303,3 +304,33 @@ def _environments() -> Iterator[dict[str, str]]:
         except OSError:
             continue
         yield dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+
+
+def test_a_users_files_and_batches_are_their_own(hub: JupyterHub) -> None:
+    """Alice's file and batch run as hers (the embedded default answers) and are a 404 to Bob, in lists too."""
+    alice = OpenAI(base_url=f"{hub.service_url}v1", api_key=hub.token("alice"), max_retries=0, timeout=120)
+    bob = OpenAI(base_url=f"{hub.service_url}v1", api_key=hub.token("bob"), max_retries=0, timeout=120)
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {**CHAT, "temperature": 0}}
+    upload = alice.files.create(file=("rows.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
+    batch = alice.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    for call in (
+        lambda: bob.files.retrieve(upload.id),
+        lambda: bob.files.content(upload.id),
+        lambda: bob.files.delete(upload.id),
+        lambda: bob.batches.retrieve(batch.id),
+        lambda: bob.batches.cancel(batch.id),
+        lambda: bob.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"),
+    ):
+        with pytest.raises(NotFoundError):
+            call()
+    assert upload.id not in [f.id for f in bob.files.list()]
+    assert batch.id not in [b.id for b in bob.batches.list()]
+    deadline = time.monotonic() + 120
+    while (done := alice.batches.retrieve(batch.id)).status in ("validating", "in_progress", "finalizing"):
+        assert time.monotonic() < deadline, done
+        time.sleep(0.05)  # polling, as `tests.support.waiting.until` does
+    assert done.status == "completed" and done.request_counts.completed == 1, (done, hub.logs()[-3000:])  # type: ignore[union-attr]
+    output = alice.files.content(done.output_file_id).text  # type: ignore[arg-type]
+    assert json.loads(output)["response"]["body"]["choices"][0]["message"]["content"]
+    with pytest.raises(NotFoundError):
+        bob.files.content(done.output_file_id)  # type: ignore[arg-type]
