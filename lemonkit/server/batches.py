@@ -32,7 +32,7 @@ from lemonkit.server import openai
 from lemonkit.server.files_api import list_page, query_limit
 from lemonkit.server.handler import JSON, LemonkitHandler
 from lemonkit.server.service import SETTINGS_KEY, Service
-from lemonkit.serving import fairness
+from lemonkit.serving import answer_cache, fairness
 from lemonkit.serving.batch_store import FINAL, BatchRecord, Journal, new_id
 from lemonkit.serving.caller import Caller, current
 
@@ -61,7 +61,8 @@ class _Captured:
 
     def __init__(self, service: Service, caller: Caller, path: str, body: bytes) -> None:
         self.settings = {SETTINGS_KEY: service}
-        headers = httputil.HTTPHeaders({"Content-Type": JSON})
+        # a batch's deterministic requests use the answer cache unless a line's body says "cache": false
+        headers = httputil.HTTPHeaders({"Content-Type": JSON, answer_cache.HEADER: "use"})
         self.request = httputil.HTTPServerRequest(method="POST", uri=path, headers=headers, body=body)
         self._lemonkit_caller = caller
         self.status = 200
@@ -109,27 +110,29 @@ def _row_handler(route: type[openai.InferenceHandler]) -> type[Any]:
     return cls
 
 
-async def run_request(service: Service, caller: Caller, endpoint: str, body: dict[str, Any]) -> tuple[int, Any]:
-    """Serve one request of a batch through its route's handler: ``(status, JSON answer)``.
+async def run_request(
+    service: Service, caller: Caller, endpoint: str, body: dict[str, Any]
+) -> tuple[int, Any, dict[str, str]]:
+    """Serve one request of a batch through its route's handler: ``(status, JSON answer, headers)``.
 
     Raises:
         RetryLater: The owner or the model has no room now (their limits, the model's queue): try again later.
     """
     if body.get("stream"):
         err = InvalidArgument("stream: a batch's requests are answered whole; leave stream out or false")
-        return err.status, err.to_dict()
+        return err.status, err.to_dict(), {}
     handler = _row_handler(ENDPOINTS[endpoint])(service, caller, endpoint, json.dumps(body).encode())
     try:
         await handler.post()
     except RetryLater:
         raise
     except LemonkitError as err:
-        return err.status, err.to_dict()
+        return err.status, err.to_dict(), handler.headers
     except Exception:
         log.exception("a request of a batch failed unexpectedly")
         failure = LemonkitError("The request failed unexpectedly; see the server log", code="internal_error")
-        return failure.status, failure.to_dict()
-    return handler.status, json.loads(handler.body)
+        return failure.status, failure.to_dict(), handler.headers
+    return handler.status, json.loads(handler.body), handler.headers
 
 
 def _check_input(path: Path, endpoint: str, most: int) -> tuple[int, list[dict[str, Any]], str | None]:
@@ -434,7 +437,9 @@ class BatchRunner:
         fairness.background.set(True)
         while True:
             try:
-                status, answer = await run_request(self.service, current.get(), batch["endpoint"], line["body"])
+                status, answer, headers = await run_request(
+                    self.service, current.get(), batch["endpoint"], line["body"]
+                )
                 break
             except RetryLater as exc:  # no room for the owner or at the model now: not this request's fault
                 await asyncio.sleep(min(max(exc.retry_after, 0.05), 5.0))
@@ -455,9 +460,11 @@ class BatchRunner:
             usage["input_tokens_details"]["cached_tokens"] += tokens.get("cached", 0)
             usage["output_tokens"] += tokens.get("output", 0)
             usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
-            batch["lemonkit"]["engine_seconds"] = round(
-                batch["lemonkit"]["engine_seconds"] + _engine_seconds(answer), 4
-            )
+            if headers.get(answer_cache.HEADER) == "hit":
+                batch["lemonkit"]["cache_hits"] += 1  # no engine time: the answer's timings are the first run's
+            else:
+                seconds = batch["lemonkit"]["engine_seconds"] + _engine_seconds(answer)
+                batch["lemonkit"]["engine_seconds"] = round(seconds, 4)
         if time.monotonic() - running.saved_at >= _SAVE_EVERY:
             running.saved_at = time.monotonic()
             await asyncio.to_thread(self.service.batch_store.save, record)

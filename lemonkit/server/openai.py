@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
+import logging
 import math
 import secrets
 import struct
@@ -22,6 +24,7 @@ from lemonkit.formats import sse
 from lemonkit.server import provenance, response_stream, responses
 from lemonkit.server.handler import LemonkitHandler, error_event
 from lemonkit.server.omni_loop import OmniChat
+from lemonkit.serving import answer_cache
 from lemonkit.serving.loaded_model import LoadedModel
 
 __all__ = [
@@ -36,6 +39,13 @@ __all__ = [
     "StoredResponseHandler",
     "embedding_dimensions",
 ]
+
+log = logging.getLogger("lemonkit.server")
+
+
+def _log_failure(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("the answer cache could not keep an answer: %s", future.exception())
 
 
 def _flag(value: str | None) -> bool:
@@ -60,12 +70,83 @@ class ModelRouteHandler(LemonkitHandler):
         self.check_applicable(info)
         await self.unless_gone(self._serve(info, body))  # a client that leaves also ends a first-use download
 
+    #: the answer cache keeps this route's deterministic answers, under this name (None: never)
+    cache_route: str | None = None
+    #: whether the route samples (embeddings and rerank do not: their answers are always deterministic)
+    samples = True
+    _cache_key: str | None = None
+
     async def _serve(self, info: ModelInfo, body: dict[str, Any]) -> None:
         # a shared server's model loads with its saved options unless an admin asks otherwise
         ctx_size = body.get("ctx_size") if self.caller.admin else None
+        cached = self._cache_wanted(body)
+        loaded = self.service.manager.loaded(info.id)
+        if cached and loaded is not None and await self._from_cache(loaded, body):
+            return  # answered without waiting for a turn at the model
         async with self.service.manager.use(info.id, ctx_size=ctx_size) as model:
             self.set_header(provenance.HEADER, await provenance.header_value(model))
+            if cached and loaded is not model and await self._from_cache(model, body):
+                return
             await self.run(model, body)
+
+    # -- the answer cache (lemonkit.serving.answer_cache) --------------------------------------------------------
+
+    def _cache_wanted(self, body: dict[str, Any]) -> bool:
+        """Whether to answer ``body`` from the cache and keep its answer: asked for (the ``cache`` field, else the
+        ``X-Lemonkit-Cache: use`` header), on a route that caches, for a deterministic request answered whole.
+        Takes ``cache`` out of ``body`` (the engine does not know it).
+
+        Raises:
+            InvalidArgument: ``cache`` is not a boolean.
+        """
+        if self.cache_route is None:
+            return False
+        asked = body.pop("cache", None)
+        if asked is not None and not isinstance(asked, bool):
+            raise InvalidArgument(f"cache: expected true or false, got {asked!r}")
+        if asked is None:
+            asked = self.request.headers.get(answer_cache.HEADER, "").strip().lower() in ("use", "1", "true", "yes")
+        return (
+            asked
+            and self.service.answers.enabled
+            and not body.get("stream")
+            and answer_cache.deterministic(body, samples=self.samples)
+            and self.cacheable(body)
+        )
+
+    def cacheable(self, body: dict[str, Any]) -> bool:
+        """Whether the route's answer to ``body`` depends on nothing but the request and the model."""
+        return True
+
+    async def _from_cache(self, model: LoadedModel, body: dict[str, Any]) -> bool:
+        """Answer from the cache when it holds the answer; else note the key, so :meth:`write_json` keeps the
+        answer. Weights whose sha256 is unknown (a large file outside the hub cache) are never cached."""
+        facts = json.loads(await provenance.header_value(model))
+        if facts.get("file_sha256") is None:
+            return False
+        key = answer_cache.key(self.cache_route or "", facts, body)
+        data = await asyncio.to_thread(self.service.answers.get, self.caller.name, key)
+        if data is None:
+            self._cache_key = key
+            self.set_header(answer_cache.HEADER, "miss")
+            return False
+        answer = json.loads(data)
+        if isinstance(answer.get("usage"), dict):
+            answer["usage"]["cached_answer"] = True
+        self.set_header(provenance.HEADER, await provenance.header_value(model))
+        self.set_header(answer_cache.HEADER, "hit")
+        super().write_json(answer)
+        return True
+
+    def write_json(self, data: Any, status: int = 200) -> None:
+        key, self._cache_key = self._cache_key, None
+        if key is not None and status == 200:
+            payload = json.dumps(data).encode()
+            stored = asyncio.get_running_loop().run_in_executor(
+                None, self.service.answers.put, self.caller.name, key, payload
+            )
+            stored.add_done_callback(_log_failure)
+        super().write_json(data, status)
 
     def check_applicable(self, info: ModelInfo) -> None:
         if info.type not in self.serves:
@@ -94,6 +175,7 @@ class InferenceHandler(ModelRouteHandler):
 class ChatCompletionsHandler(InferenceHandler):
     schema = "chat/completions"
     sidecar_path = "/v1/chat/completions"
+    cache_route = "chat/completions"
 
     async def serve_on(self, info: ModelInfo, body: dict[str, Any]) -> None:
         if info.recipe == COLLECTION_OMNI:  # the server-side tool loop over the collection's components
@@ -105,6 +187,7 @@ class ChatCompletionsHandler(InferenceHandler):
 class CompletionsHandler(InferenceHandler):
     schema = "completions"
     sidecar_path = "/v1/completions"
+    cache_route = "completions"
 
 
 class ResponsesHandler(InferenceHandler):
@@ -112,7 +195,12 @@ class ResponsesHandler(InferenceHandler):
 
     schema = "responses"
     sidecar_path = "/v1/chat/completions"
+    cache_route = "responses"
     _history: list[dict[str, Any]] = []
+
+    def cacheable(self, body: dict[str, Any]) -> bool:
+        # a stored conversation may change or go, and a response asked to be stored must be stored anew
+        return body.get("previous_response_id") is None and not body.get("store")
 
     async def serve_on(self, info: ModelInfo, body: dict[str, Any]) -> None:
         previous = body.get("previous_response_id")
@@ -209,6 +297,8 @@ class EmbeddingsHandler(InferenceHandler):
     schema = "embeddings"
     sidecar_path = "/v1/embeddings"
     serves = ("embedding",)
+    cache_route = "embeddings"
+    samples = False
 
     def check_applicable(self, info: ModelInfo) -> None:
         if info.type == "llm" and info.recipe == "llamacpp":
@@ -253,6 +343,8 @@ class RerankHandler(InferenceHandler):
     schema = "rerank"
     sidecar_path = "/v1/rerank"
     serves = ("reranking",)
+    cache_route = "rerank"
+    samples = False
 
     async def run(self, model: LoadedModel, body: dict[str, Any]) -> None:
         self.write_json(await self.sidecar_json(model, self.sidecar_path, body))

@@ -7,6 +7,7 @@ from typing import Any
 from lemonkit.server import (
     anthropic,
     batches,
+    caching,
     files_api,
     image_generation,
     install,
@@ -62,6 +63,7 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("files", files_api.FilesHandler),
     ("files/(?P<file_id>[^/]+)", files_api.FileHandler),
     ("files/(?P<file_id>[^/]+)/content", files_api.FileContentHandler),
+    ("cache", caching.AnswerCacheHandler),
     ("batches", batches.BatchesHandler),
     ("batches/(?P<batch_id>[^/]+)", batches.BatchHandler),
     ("batches/(?P<batch_id>[^/]+)/cancel", batches.BatchCancelHandler),

@@ -13,6 +13,7 @@ from lemonkit.catalog.support import SupportPolicy
 from lemonkit.downloads import DownloadManager
 from lemonkit.errors import AdminRequired
 from lemonkit.serving import log_store
+from lemonkit.serving.answer_cache import AnswerCache
 from lemonkit.serving.batch_store import BatchStore
 from lemonkit.serving.caller import current, tag_callers
 from lemonkit.serving.file_store import FileStore
@@ -43,6 +44,7 @@ class Service:
         self.installer = Installer(self.settings, self.manager)
         self.responses = ResponseStore(self.settings.cache_dir)
         self.files = FileStore(self.settings.cache_dir)
+        self.answers = AnswerCache(self.settings.cache_dir, self.settings.answer_cache_bytes)
         self.batch_store = BatchStore(self.settings.cache_dir)
         #: runs the batches (:mod:`lemonkit.server.batches`, which hosts start once their loop runs)
         self.batch_runner: Any = None
