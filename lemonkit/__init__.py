@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time each name i
     from lemonkit.api import (
         align,
         async_openai_client,
+        cache_clear,
+        cache_info,
         chat,
         complete,
         default_client,
@@ -115,6 +117,8 @@ __all__ = [
     "__version__",
     "align",
     "async_openai_client",
+    "cache_clear",
+    "cache_info",
     "chat",
     "complete",
     "default_client",

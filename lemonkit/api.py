@@ -140,6 +140,8 @@ def on_default_client(method: call[P, T]) -> Callable[P, T]:
 health = on_default_client(ModelCalls.health)
 load = on_default_client(ModelCalls.load)
 unload = on_default_client(ModelCalls.unload)
+cache_info = on_default_client(ModelCalls.cache_info)
+cache_clear = on_default_client(ModelCalls.cache_clear)
 chat = on_default_client(ChatCalls.chat)
 complete = on_default_client(ChatCalls.complete)
 structured = on_default_client(ChatCalls.structured)

@@ -164,6 +164,28 @@ class ModelCalls:
         return answer
 
     @call
+    def cache_info(self) -> Steps[dict[str, Any]]:
+        """The server's answer cache for you (``GET /v1/cache``): ``entries``, ``bytes``, ``max_bytes``, and
+        ``hits`` and ``misses`` since the server started. Deterministic requests (greedy or seeded) that ask for it,
+        and every batch's, are answered from it when asked again.
+
+        Example:
+            >>> lemonkit.Client().cache_info()["entries"]
+        """
+        answer: dict[str, Any] = yield Request("GET", "cache")
+        return answer
+
+    @call
+    def cache_clear(self) -> Steps[dict[str, Any]]:
+        """Empty your answer cache on the server (``DELETE /v1/cache``); ``deleted`` says how many answers went.
+
+        Example:
+            >>> lemonkit.Client().cache_clear()
+        """
+        answer: dict[str, Any] = yield Request("DELETE", "cache")
+        return answer
+
+    @call
     def delete(self, name: str) -> Steps[dict[str, Any]]:
         """Delete a model's downloaded files (``POST /v1/delete``).
 

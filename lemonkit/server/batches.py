@@ -15,6 +15,7 @@ of every user, skipping the requests already journaled.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -274,6 +275,9 @@ class BatchRunner:
         self._running: dict[str, _Running] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: (model, outcome) -> requests of batches finished since the server started: completed (computed),
+        #: cached (answered by the answer cache) or failed (``/metrics``' ``lemonkit_batch_rows``)
+        self.rows: collections.Counter[tuple[str, str]] = collections.Counter()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -453,6 +457,8 @@ class BatchRunner:
         assert running.journal is not None
         await asyncio.to_thread(running.journal.append, [{"i": index, "ok": ok, "line": out}])
         batch["request_counts"]["completed" if ok else "failed"] += 1
+        hit = headers.get(answer_cache.HEADER) == "hit"
+        self.rows[(str(batch.get("model")), "failed" if not ok else "cached" if hit else "completed")] += 1
         if ok:
             tokens = _usage(answer)
             usage = batch["usage"]
@@ -460,7 +466,7 @@ class BatchRunner:
             usage["input_tokens_details"]["cached_tokens"] += tokens.get("cached", 0)
             usage["output_tokens"] += tokens.get("output", 0)
             usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
-            if headers.get(answer_cache.HEADER) == "hit":
+            if hit:
                 batch["lemonkit"]["cache_hits"] += 1  # no engine time: the answer's timings are the first run's
             else:
                 seconds = batch["lemonkit"]["engine_seconds"] + _engine_seconds(answer)

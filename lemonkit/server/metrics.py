@@ -1,8 +1,9 @@
 """``GET /metrics``: the server's figures in Prometheus' text format, labelled per model.
 
-Requests admitted, loads and unloads (evictions by reason), tokens in and out, time to first token and time per
-output token (histograms the engines keep, :mod:`lemonkit.formats.generation_metrics`), queue depth and slots, host
-memory, and the bytes downloads took off the network. Authenticated like every route unless the operator opens it
+Requests admitted, batch requests by outcome, answer cache lookups, loads and unloads (evictions by reason), tokens
+in and out, time to first token and time per output token (histograms the engines keep,
+:mod:`lemonkit.formats.generation_metrics`), queue depth and slots, host memory, and the bytes downloads took off
+the network. Authenticated like every route unless the operator opens it
 (``LEMONKIT_METRICS_OPEN=1``, standalone and hub: a Prometheus server on the same network reads it without a key).
 """
 
@@ -99,12 +100,27 @@ async def render(service: Service) -> bytes:
     )
     for model, count in sorted(service.downloads.bytes_received().items()):
         downloaded.add_metric([model], count)
+    batch_rows = CounterMetricFamily(
+        "lemonkit_batch_rows",
+        "Requests of batches finished: completed (computed), cached (the answer cache answered) or failed",
+        labels=["model", "outcome"],
+    )
+    if service.batch_runner is not None:
+        for (model, outcome), count in sorted(service.batch_runner.rows.items()):
+            batch_rows.add_metric([model, outcome], count)
+    cache = CounterMetricFamily(
+        "lemonkit_answer_cache_lookups", "Requests that asked the answer cache, by result", labels=["result"]
+    )
+    for result, count in sorted(service.answers.lookups.items()):
+        cache.add_metric([result], count)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(
         _Figures(
             [
                 requests,
                 generations,
+                batch_rows,
+                cache,
                 *tokens.values(),
                 _histogram(
                     "lemonkit_time_to_first_token_seconds",

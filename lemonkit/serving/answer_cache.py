@@ -76,6 +76,8 @@ class AnswerCache:
         self.max_bytes = max_bytes
         self._users: dict[str, _UserIndex] = {}
         self._lock = threading.Lock()
+        #: lookups since the server started, all users together (``/metrics``)
+        self.lookups: dict[str, int] = {"hit": 0, "miss": 0}
 
     @property
     def enabled(self) -> bool:
@@ -111,10 +113,12 @@ class AnswerCache:
                 data = path.read_bytes()
             except FileNotFoundError:
                 index.misses += 1
+                self.lookups["miss"] += 1
                 if cache_key in index.entries:  # removed by another server sharing the cache
                     index.bytes -= index.entries.pop(cache_key)
                 return None
             index.hits += 1
+            self.lookups["hit"] += 1
             if cache_key in index.entries:
                 index.entries.move_to_end(cache_key)
             with contextlib.suppress(OSError):

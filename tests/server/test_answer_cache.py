@@ -109,3 +109,20 @@ def test_the_bound_drops_the_least_recently_used(tmp_path: Path) -> None:
     assert AnswerCache(tmp_path, max_bytes=0).enabled is False
     with pytest.raises(ValueError):
         cache.get("u", "../../x")
+
+
+async def test_the_python_api_tells_and_clears_the_cache(host: Host) -> None:
+    import asyncio
+
+    from lemonkit.client import Client
+
+    def calls() -> None:
+        with Client(host.root, token=host.token) as client:
+            client.cache_clear()
+            client.chat("Say one word.", model=TINY, temperature=0, max_tokens=4, stream=False, cache=True)
+            info = client.cache_info()
+            assert info["entries"] == 1 and info["bytes"] > 0
+            assert client.cache_clear()["deleted"] == 1
+            assert client.cache_info()["entries"] == 0
+
+    await asyncio.to_thread(calls)

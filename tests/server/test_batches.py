@@ -443,3 +443,13 @@ async def test_a_batch_run_again_is_answered_by_the_cache(host: Host) -> None:
     for custom_id, body in two.items():
         assert body["usage"].pop("cached_answer") is True
         assert body == one[custom_id]  # the first answer, bit for bit
+    async with host.client() as raw:
+        metrics = (await raw.get(host.root + "metrics")).text
+    cached = [line for line in metrics.splitlines() if line.startswith("lemonkit_batch_rows_total{")]
+    assert any(
+        f'model="{TINY}"' in line and 'outcome="cached"' in line and float(line.split()[-1]) >= 5 for line in cached
+    ), cached
+    hits = [
+        line for line in metrics.splitlines() if line.startswith('lemonkit_answer_cache_lookups_total{result="hit"}')
+    ]
+    assert hits and float(hits[0].split()[-1]) >= 5
