@@ -1,14 +1,24 @@
-"""``lemonkit.map``: a prompt template or a function over many items, concurrently, with a progress bar."""
+"""``lemonkit.map``: a prompt template or a function over many items, with a progress bar.
+
+A template's rows go to the server as one durable batch (OpenAI's Batch API, :mod:`lemonkit.server.batches`): first
+the answer cache is asked for every row at once (``POST /v1/cache/lookup``), so a cell run again returns what it
+computed before at once and sends only new or changed rows; those run as a batch the server keeps going whatever
+happens to the kernel. The batch carries the rows' fingerprint in its metadata, so running the cell again while it
+runs (after a kernel restart, an interrupt) follows that batch rather than starting another. Unseeded sampling gets a
+seed per row from one map seed and the row's prompt: every run is reproducible, and cacheable. A function argument
+runs client-side, concurrently, as before.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from lemonkit.client import Client
+from lemonkit.client import Client, api_requests
 from lemonkit.client.results import ChatResult
 from lemonkit.errors import LemonkitError, ServerUnavailable
 
@@ -51,6 +61,13 @@ class MapResult(list[Any]):
         super().__init__([None] * size)
         self.interrupted = False
         self._finished: set[int] = set()
+        #: what the run cost (a template's run, on the server): ``rows``, ``cache_hits`` (rows answered by the
+        #: answer cache, from this run's lookup or inside its batch), ``computed``, ``failed``, ``prompt_tokens``,
+        #: ``cached_tokens``, ``generated_tokens``, ``wall_seconds``, ``rows_per_second``, ``engine_seconds``, and the
+        #: ``batch_id`` that computed the rest (``None`` when the cache had every row)
+        self.stats: dict[str, Any] = {}
+        #: the server batch that computed this run's rows (an interrupted run's keeps going there)
+        self.batch_id: str | None = None
 
     def finish(self, index: int, value: Any) -> None:
         self[index] = value
@@ -67,16 +84,23 @@ class MapResult(list[Any]):
         return [i for i in range(len(self)) if i not in self._finished]
 
     def to_pandas(self) -> Any:
-        """A ``pandas.DataFrame`` in input order: ``output`` (a result's text, or the value) and ``error``."""
+        """A ``pandas.DataFrame`` in input order: ``output`` (a result's text, or the value) and ``error``; typed
+        rows (``schema=``: pydantic models or dicts) give one column per field instead of ``output``."""
         import pandas as pd
 
-        rows = []
+        typed = [r for r in self if r is not None and not isinstance(r, MapError | ChatResult)]
+        fields = all(isinstance(r, dict) or hasattr(r, "model_dump") for r in typed) and bool(typed)
+        rows: list[dict[str, Any]] = []
         for r in self:
             if isinstance(r, MapError):
-                rows.append({"output": None, "error": f"{type(r.error).__name__}: {r.error}"})
+                rows.append({"error": f"{type(r.error).__name__}: {r.error}"})
+            elif fields and r is not None:
+                rows.append({**(r.model_dump() if hasattr(r, "model_dump") else r), "error": None})
             else:
                 rows.append({"output": r.text if isinstance(r, ChatResult) else r, "error": None})
-        return pd.DataFrame(rows, columns=["output", "error"])
+        frame = pd.DataFrame(rows)
+        columns = [c for c in frame.columns if c != "error"] or ([] if fields else ["output"])
+        return frame.reindex(columns=[*columns, "error"])
 
 
 def transient(exc: BaseException) -> bool:
@@ -93,63 +117,104 @@ def _items(items: Any) -> list[Any]:
     return list(items)
 
 
-def _task(fn_or_template: str | Callable[[Any], Any], client: Client, **sampling: Any) -> Callable[[Any], Any]:
-    """What runs for one item: a template filled and asked, or the function (whose string answer is asked)."""
+def _task(
+    fn: Callable[[Any], Any],
+    client: Client,
+    model: str | None,
+    system: str | None,
+    schema: Any,
+    sampling: dict[str, Any],
+) -> Callable[[Any], Any]:
+    """What runs for one item: the function, and its answer asked when it is a prompt (parsed with ``schema``)."""
 
     def ask(prompt: Any) -> Any:
-        return client.chat(prompt, stream=False, **sampling) if isinstance(prompt, str) else prompt
+        if not isinstance(prompt, str):
+            return prompt
+        format_ = api_requests.schema_format(schema) if schema is not None else None
+        result = client.chat(prompt, model, stream=False, system=system, response_format=format_, **sampling)
+        return api_requests.parse_structured(result, schema) if schema is not None else result
 
-    if isinstance(fn_or_template, str):
-        template = fn_or_template
-
-        def fill(item: Any) -> Any:
-            return ask(template.format(**item) if isinstance(item, dict) else template.format(item))
-
-        return fill
-    fn = fn_or_template
     return lambda item: ask(fn(item))
+
+
+def _row_seed(map_seed: int, prompt: str) -> int:
+    """The seed of one unseeded row: from the map's seed and the row's prompt, so a row keeps its seed (and its
+    cached answer) when rows are added, removed or reordered around it."""
+    digest = hashlib.sha256(f"{map_seed}\x00{prompt}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
 def map_items(
     fn_or_prompt_template: str | Callable[[Any], Any],
     items: Iterable[Any],
     *,
+    model: str | None = None,
+    schema: Any = None,
+    system: str | None = None,
+    seed: int | None = None,
+    map_seed: int = 0,
     concurrency: int = 4,
     retries: int = 2,
     progress: bool = True,
     client: Client | None = None,
     **sampling: Any,
 ) -> MapResult:
-    """Run a prompt template or a function over items, ``concurrency`` at a time, with a progress bar.
+    """Run a prompt template or a function over items, with a progress bar.
+
+    A template's rows run on the server as one batch (see the module's doc): rows computed before come from the
+    answer cache at once, the rest in the model's slots; interrupting leaves that batch running (the cell run again
+    picks it up).
 
     Args:
         fn_or_prompt_template: A template (``"Summarise: {}"``; with a DataFrame, ``"{title}: {body}"`` names
             its columns; a dict item fills ``{name}`` fields), or a function of one item returning a prompt (asked
             as :func:`lemonkit.chat` asks, not streamed) or any other value (kept as it is; it may call
-            lemonkit itself).
+            lemonkit itself). A function runs here, ``concurrency`` at a time.
         items: A list (any iterable), a ``pandas.Series``, or a ``DataFrame`` (one item per row, as a dict).
-        concurrency: Items in flight at once.
-        retries: Further attempts of an item after a transient failure (unreachable server, 5xx, 429), with a
-            backoff; other errors are final at once.
-        progress: Show a tqdm bar.
+        model: The chat model (default: as :func:`lemonkit.chat` chooses).
+        schema: A pydantic model class or a JSON schema dict: each row's answer is that JSON (``response_format``
+            ``json_schema``), returned parsed (an instance, or a dict); ``to_pandas()`` gives a column per field.
+        system: A system message for every row.
+        seed: One seed for every row; by default each row gets its own, from ``map_seed`` and its prompt.
+        map_seed: What the rows' seeds derive from, when ``seed`` is not given.
+        concurrency: A function's items in flight at once.
+        retries: A function's further attempts after a transient failure (unreachable server, 5xx, 429).
+        progress: Show a tqdm bar (rows/s, what is left, cache hits, tokens).
         client: The client (default: :func:`lemonkit.default_client`).
         **sampling: For the chat requests (``max_tokens``, ``temperature``, ...).
 
     Returns:
         A :class:`MapResult` in input order; an item that failed holds a :class:`MapError` (the run goes on).
-        Interrupting (Ctrl-C, the kernel's stop button) returns the items finished so far, ``interrupted`` set;
-        the requests in flight finish in the background.
+        ``stats`` says what it cost. Interrupting (Ctrl-C, the kernel's stop button) returns the rows finished so
+        far, ``interrupted`` set.
 
     Example:
         >>> out = lemonkit.map("Translate to French: {}", ["cat", "dog"], max_tokens=10)
         >>> out.to_pandas()
     """
-    from tqdm.auto import tqdm
-
     from lemonkit.client import default_client
 
     inputs = _items(items)
-    task = _task(fn_or_prompt_template, client or default_client(), **sampling)
+    client = client or default_client()
+    if not isinstance(fn_or_prompt_template, str):
+        if seed is not None:
+            sampling = {**sampling, "seed": seed}
+        task = _task(fn_or_prompt_template, client, model, system, schema, sampling)
+        return _map_function(task, inputs, concurrency, retries, progress)
+    from lemonkit.client.map_batch import MapBatch
+
+    template = fn_or_prompt_template
+    prompts = [template.format(**item) if isinstance(item, dict) else template.format(item) for item in inputs]
+    run = MapBatch(client, prompts, inputs, model=model, schema=schema, system=system, progress=progress)
+    return run.run(lambda prompt: seed if seed is not None else _row_seed(map_seed, prompt), sampling)
+
+
+def _map_function(
+    task: Callable[[Any], Any], inputs: list[Any], concurrency: int, retries: int, progress: bool
+) -> MapResult:
+    """A function's task over the items, client-side, ``concurrency`` at a time."""
+    from tqdm.auto import tqdm
+
     results = MapResult(len(inputs))
     stop = threading.Event()
 

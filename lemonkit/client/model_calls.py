@@ -186,6 +186,18 @@ class ModelCalls:
         return answer
 
     @call
+    def cancel_batch(self, batch_id: str) -> Steps[dict[str, Any]]:
+        """Cancel a batch on the server (``POST /v1/batches/{id}/cancel``): its requests in flight stop, the finished
+        ones stay in its output (and in the answer cache). An interrupted :func:`lemonkit.map` names its batch.
+
+        Example:
+            >>> lemonkit.Client().cancel_batch("batch_abc123")["status"]
+            'cancelling'
+        """
+        answer: dict[str, Any] = yield Request("POST", f"batches/{batch_id}/cancel")
+        return answer
+
+    @call
     def delete(self, name: str) -> Steps[dict[str, Any]]:
         """Delete a model's downloaded files (``POST /v1/delete``).
 

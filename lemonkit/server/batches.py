@@ -25,14 +25,14 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
-from tornado import httputil
 from tornado.ioloop import IOLoop
 
 from lemonkit.errors import InvalidArgument, InvalidRequest, LemonkitError, MissingArgument, NotFound, RetryLater
 from lemonkit.server import openai
+from lemonkit.server.captured import row_handler
 from lemonkit.server.files_api import list_page, query_limit
-from lemonkit.server.handler import JSON, LemonkitHandler
-from lemonkit.server.service import SETTINGS_KEY, Service
+from lemonkit.server.handler import LemonkitHandler
+from lemonkit.server.service import Service
 from lemonkit.serving import answer_cache, fairness
 from lemonkit.serving.batch_store import FINAL, BatchRecord, Journal, new_id
 from lemonkit.serving.caller import Caller, current
@@ -56,61 +56,6 @@ _SAVE_EVERY = 0.5
 _READ_LINES = 256
 
 
-class _Captured:
-    """What a route handler's code uses of Tornado's ``RequestHandler``, for a request that came from a batch's
-    line instead of a connection: the answer it writes is kept here."""
-
-    def __init__(self, service: Service, caller: Caller, path: str, body: bytes) -> None:
-        self.settings = {SETTINGS_KEY: service}
-        # a batch's deterministic requests use the answer cache unless a line's body says "cache": false
-        headers = httputil.HTTPHeaders({"Content-Type": JSON, answer_cache.HEADER: "use"})
-        self.request = httputil.HTTPServerRequest(method="POST", uri=path, headers=headers, body=body)
-        self._lemonkit_caller = caller
-        self.status = 200
-        self.headers: dict[str, str] = {}
-        self._chunks: list[bytes] = []
-        self._finished = False
-
-    def set_status(self, status: int, reason: str | None = None) -> None:
-        self.status = status
-
-    def set_header(self, name: str, value: Any) -> None:
-        self.headers[name] = str(value)
-
-    def clear_header(self, name: str) -> None:
-        self.headers.pop(name, None)
-
-    def write(self, chunk: bytes | str | dict[str, Any]) -> None:
-        if isinstance(chunk, dict):
-            chunk = json.dumps(chunk)
-        self._chunks.append(chunk.encode() if isinstance(chunk, str) else chunk)
-
-    async def flush(self) -> None:
-        pass
-
-    def finish(self, chunk: bytes | str | dict[str, Any] | None = None) -> None:
-        if chunk is not None:
-            self.write(chunk)
-        self._finished = True
-
-    def get_query_argument(self, name: str, default: Any = None) -> Any:
-        return default
-
-    @property
-    def body(self) -> bytes:
-        return b"".join(self._chunks)
-
-
-_row_classes: dict[type[openai.InferenceHandler], type[Any]] = {}
-
-
-def _row_handler(route: type[openai.InferenceHandler]) -> type[Any]:
-    cls = _row_classes.get(route)
-    if cls is None:
-        cls = _row_classes[route] = type(route.__name__ + "Row", (route, _Captured), {})
-    return cls
-
-
 async def run_request(
     service: Service, caller: Caller, endpoint: str, body: dict[str, Any]
 ) -> tuple[int, Any, dict[str, str]]:
@@ -122,7 +67,7 @@ async def run_request(
     if body.get("stream"):
         err = InvalidArgument("stream: a batch's requests are answered whole; leave stream out or false")
         return err.status, err.to_dict(), {}
-    handler = _row_handler(ENDPOINTS[endpoint])(service, caller, endpoint, json.dumps(body).encode())
+    handler = row_handler(ENDPOINTS[endpoint])(service, caller, endpoint, json.dumps(body).encode())
     try:
         await handler.post()
     except RetryLater:

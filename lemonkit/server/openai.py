@@ -20,7 +20,7 @@ from lemonkit.catalog.model_info import a_model_of
 from lemonkit.catalog.registry import COLLECTION_OMNI, ModelInfo
 from lemonkit.catalog.support import Support
 from lemonkit.errors import InvalidArgument, LemonkitError, ModelNotApplicable, NotEmbeddingModel, NotFound
-from lemonkit.formats import sse
+from lemonkit.formats import schemas, sse
 from lemonkit.server import provenance, response_stream, responses
 from lemonkit.server.handler import LemonkitHandler, error_event
 from lemonkit.server.omni_loop import OmniChat
@@ -118,25 +118,54 @@ class ModelRouteHandler(LemonkitHandler):
         """Whether the route's answer to ``body`` depends on nothing but the request and the model."""
         return True
 
-    async def _from_cache(self, model: LoadedModel, body: dict[str, Any]) -> bool:
-        """Answer from the cache when it holds the answer; else note the key, so :meth:`write_json` keeps the
-        answer. Weights whose sha256 is unknown (a large file outside the hub cache) are never cached."""
+    async def _lookup(self, model: LoadedModel, body: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+        """``body``'s key and the cache's answer (``None``: not there), marked as a cached answer. Weights whose
+        sha256 is unknown (a large file outside the hub cache) have no key: never cached."""
         facts = json.loads(await provenance.header_value(model))
         if facts.get("file_sha256") is None:
-            return False
+            return None, None
         key = answer_cache.key(self.cache_route or "", facts, body)
         data = await asyncio.to_thread(self.service.answers.get, self.caller.name, key)
         if data is None:
-            self._cache_key = key
-            self.set_header(answer_cache.HEADER, "miss")
-            return False
-        answer = json.loads(data)
+            return key, None
+        answer: dict[str, Any] = json.loads(data)
         if isinstance(answer.get("usage"), dict):
             answer["usage"]["cached_answer"] = True
+        return key, answer
+
+    async def _from_cache(self, model: LoadedModel, body: dict[str, Any]) -> bool:
+        """Answer from the cache when it holds the answer; else note the key, so :meth:`write_json` keeps the
+        answer."""
+        key, answer = await self._lookup(model, body)
+        if answer is None:
+            self._cache_key = key
+            if key is not None:
+                self.set_header(answer_cache.HEADER, "miss")
+            return False
         self.set_header(provenance.HEADER, await provenance.header_value(model))
         self.set_header(answer_cache.HEADER, "hit")
         super().write_json(answer)
         return True
+
+    async def cached(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The answer cache's answer to ``body``, a request of this route, without running it (``None``: it is not
+        there, or not a request the cache keeps). Loads the model if it is not loaded: the key names the options it
+        runs with.
+
+        Raises:
+            LemonkitError: ``body`` is not a valid request of this route, or its model cannot be loaded.
+        """
+        if self.schema is not None:
+            body = schemas.validate(self.schema, body)
+        info = await self.service.usable(body["model"])
+        self.check_applicable(info)
+        if info.recipe == COLLECTION_OMNI or not self._cache_wanted(body):
+            return None
+        model = self.service.manager.loaded(info.id)
+        if model is None:
+            async with self.service.manager.use(info.id) as model:
+                return (await self._lookup(model, body))[1]
+        return (await self._lookup(model, body))[1]
 
     def write_json(self, data: Any, status: int = 200) -> None:
         key, self._cache_key = self._cache_key, None

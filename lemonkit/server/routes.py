@@ -64,6 +64,7 @@ API_ROUTES: list[tuple[str, type[LemonkitHandler]]] = [
     ("files/(?P<file_id>[^/]+)", files_api.FileHandler),
     ("files/(?P<file_id>[^/]+)/content", files_api.FileContentHandler),
     ("cache", caching.AnswerCacheHandler),
+    ("cache/lookup", caching.CacheLookupHandler),
     ("batches", batches.BatchesHandler),
     ("batches/(?P<batch_id>[^/]+)", batches.BatchHandler),
     ("batches/(?P<batch_id>[^/]+)/cancel", batches.BatchCancelHandler),

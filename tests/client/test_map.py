@@ -133,3 +133,55 @@ def test_an_interrupted_run_returns_its_finished_items(standalone: Standalone) -
     assert summary["pending"] and summary["pending"][-1] == 11 and len(summary["done"]) < 12
     assert set(summary["done"]) | set(summary["pending"]) == set(range(12))
     assert "lemonkit.map" in run.stderr  # the progress bar
+
+
+def test_a_template_runs_as_a_batch_and_a_rerun_computes_only_new_rows(client: Client) -> None:
+    client.cache_clear()
+    frame = pd.DataFrame({"animal": [f"animal{i}" for i in range(8)]})
+    first = lemonkit.map("Describe the {animal}.", frame, client=client, max_tokens=4, progress=False)
+    assert len(first) == 8 and first.errors == [] and first.batch_id is not None
+    assert first.stats["rows"] == 8 and first.stats["computed"] == 8 and first.stats["cache_hits"] == 0
+    assert first.stats["generated_tokens"] == sum(r.usage["completion_tokens"] for r in first)
+    assert first.stats["engine_seconds"] > 0 and first.stats["rows_per_second"] > 0
+    prompts = [r.provenance["request"]["messages"][0]["content"] for r in first]
+    assert prompts == [f"Describe the animal{i}." for i in range(8)]
+    # unseeded rows got seeds of their own, the same on every run: the answer a plain chat with that seed gets
+    seed = first[3].provenance["seed"]
+    assert isinstance(seed, int) and len({r.provenance["seed"] for r in first}) == 8
+    assert client.chat("Describe the animal3.", stream=False, max_tokens=4, seed=seed).text == first[3].text
+
+    again = lemonkit.map("Describe the {animal}.", frame, client=client, max_tokens=4, progress=False)
+    assert again.batch_id is None and again.stats["cache_hits"] == 8 and again.stats["computed"] == 0
+    assert [r.text for r in again] == [r.text for r in first]
+
+    changed = frame.copy()
+    changed.loc[5, "animal"] = "zebra"
+    third = lemonkit.map("Describe the {animal}.", changed, client=client, max_tokens=4, progress=False)
+    assert third.batch_id is not None and third.stats["computed"] == 1 and third.stats["cache_hits"] == 7
+    assert third[5].provenance["request"]["messages"][0]["content"] == "Describe the zebra."
+    assert [r.text for i, r in enumerate(third) if i != 5] == [r.text for i, r in enumerate(first) if i != 5]
+
+
+def test_a_schema_gives_typed_rows_and_a_column_per_field(client: Client) -> None:
+    from typing import Literal
+
+    import pydantic
+
+    class Label(pydantic.BaseModel):  # fields a tiny random model's grammar-led answer completes in a few tokens
+        label: Literal["cat", "dog"]
+        flag: bool
+
+    out = lemonkit.map(
+        "Label: {}", ["x", "y", "z"], client=client, schema=Label, max_tokens=60, temperature=0, progress=False
+    )
+    assert out.errors == [] and all(isinstance(r, Label) for r in out)
+    typed = list(out)
+    frame = out.to_pandas()
+    assert list(frame.columns) == ["label", "flag", "error"] and len(frame) == 3
+    assert [frame.loc[i, "label"] for i, r in enumerate(out) if isinstance(r, Label)] == [r.label for r in typed]
+
+
+def test_a_bad_row_is_an_error_in_its_slot(client: Client) -> None:
+    out = lemonkit.map("Say {}", ["a", "b"], client=client, max_tokens=2, temperature=-1, progress=False)
+    assert len(out.errors) == 2 and {type(e.error) for e in out.errors} == {lemonkit.InvalidArgument}
+    assert out.errors[0].index == 0 and out.errors[0].item == "a"

@@ -145,6 +145,54 @@ def test_interrupting_the_kernel_stops_the_generation(kernel: Kernel, jupyter: J
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 5  # the engine is free
 
 
+def test_a_map_interrupted_and_run_again_after_a_kernel_restart_follows_its_batch(
+    kernel: Kernel, jupyter: JupyterServer
+) -> None:
+    """Interrupting leaves the server's batch running; the same cell after a restart picks that batch up."""
+    headers = {"Authorization": f"token {jupyter.token}"}
+    api = jupyter.base + "lemonkit/api/v1/"
+    httpx.delete(api + "cache", headers=headers, timeout=60).raise_for_status()
+    cell = textwrap.dedent(
+        """
+        import json, lemonkit
+        out = lemonkit.map("Write about topic {}.", list(range(120)), max_tokens=128, progress=False)
+        print(json.dumps({"interrupted": out.interrupted, "batch": out.batch_id, "stats": out.stats,
+                          "done": len(out) - len(out.pending), "errors": len(out.errors)}))
+        """
+    )
+    kernel.client.execute(cell)
+
+    def running() -> dict[str, Any] | None:
+        for batch in httpx.get(api + "batches", headers=headers, timeout=60).json()["data"]:
+            if batch["status"] == "in_progress" and batch["request_counts"]["completed"] >= 2:
+                return dict(batch)
+        return None
+
+    deadline = time.monotonic() + 120
+    while (batch := running()) is None:
+        assert time.monotonic() < deadline, "the map's batch did not start"
+        time.sleep(0.05)
+    kernel.interrupt()
+    reply = kernel.client.get_shell_msg(timeout=60)["content"]
+    assert reply["status"] == "ok", reply  # interrupting returns what is done, and says where the rest goes
+    assert httpx.get(api + f"batches/{batch['id']}", headers=headers, timeout=60).json()["status"] in (
+        "in_progress",
+        "finalizing",
+        "completed",
+    )
+
+    restart = httpx.post(f"{jupyter.base}api/kernels/{kernel.id}/restart", headers=headers, timeout=60)
+    assert restart.status_code == 200, restart.text
+    kernel.client.wait_for_ready(timeout=60)
+    summary = json.loads(_text(kernel.ok(cell)).strip().splitlines()[-1])
+    assert summary["interrupted"] is False and summary["done"] == 120 and summary["errors"] == 0
+    assert summary["batch"] == batch["id"]  # followed, not submitted again
+    assert summary["stats"]["cache_hits"] >= 2  # what it finished before the restart came from the cache
+    fingerprint = batch["metadata"]["lemonkit_map"]
+    every = httpx.get(api + "batches", headers=headers, params={"limit": 100}, timeout=60).json()["data"]
+    assert [b["id"] for b in every if (b.get("metadata") or {}).get("lemonkit_map") == fingerprint] == [batch["id"]]
+
+
 def test_magics(kernel: Kernel, jupyter: JupyterServer) -> None:
     kernel.ok("%load_ext lemonkit")
     messages = kernel.ok(f"%%chat --model {TINY} --system 'Be brief.' --max-tokens 5\nSay hi")
