@@ -36,6 +36,7 @@ from lemonkit.errors import (
 from lemonkit.formats import schemas, sse
 from lemonkit.formats.bodies import parse_json
 from lemonkit.server.service import SETTINGS_KEY, Service
+from lemonkit.serving import fairness
 from lemonkit.serving.caller import OWNER, Caller, current
 
 if TYPE_CHECKING:
@@ -253,6 +254,8 @@ class LemonkitHandler(_Base):
         """
         client = model.client
         headers = {handoff.HEADER: "1"} if hand_off else {}
+        if fairness.background.get() and model.info.recipe == "llamacpp" and "priority" not in body:
+            body = {**body, "priority": 1}  # a batch's row: behind interactive requests in llama.cpp's steps too
         if files is None:
             request = client.build_request("POST", path, json=body, headers=headers)
         else:

@@ -275,3 +275,26 @@ async def test_plain_kernels_without_batch_invariance(host: Host) -> None:
         (entry,) = [m for m in health["all_models_loaded"] if m["model_name"] == DEFAULT_CHAT_MODEL]
         assert entry["model_name"] == DEFAULT_CHAT_MODEL
         await client.post("unload", json={"model_name": DEFAULT_CHAT_MODEL})
+
+
+async def test_a_more_urgent_request_is_not_held_behind_less_urgent_prompts(host: Host) -> None:
+    """Two long prompts of a batch's priority (1) are being evaluated, a step's budget at a time; a chat at the
+    default priority (0) sent after them gets its prompt evaluated first and finishes before either."""
+    async with host.client() as client:
+        await _load(client, "--parallel 3 -b 64 -ub 64")
+        long = {"model": TINY, "prompt": "word " * 600, "max_tokens": 1, "temperature": 0, "priority": 1}
+        behind = [asyncio.ensure_future(client.post("completions", json=long)) for _ in range(2)]
+
+        async def both_admitted() -> bool:
+            return (await _entry(client))["slots"]["busy"] == 2
+
+        await until(both_admitted, "the long prompts to take their slots")
+        urgent = asyncio.ensure_future(client.post("completions", json={**long, "prompt": "hi", "priority": 0}))
+        done, _ = await asyncio.wait([urgent, *behind], return_when=asyncio.FIRST_COMPLETED)
+        assert urgent in done and not any(b in done for b in behind)
+        for response in await asyncio.gather(urgent, *behind):
+            assert response.status_code == 200, response.text
+            assert response.json()["usage"]["completion_tokens"] == 1
+        bad = await client.post("completions", json={**long, "priority": "high"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_argument"
+        await _idle(client)

@@ -11,6 +11,10 @@ than one step). After the decode each slot samples from its own logits row with 
 (:class:`~lemonkit.backends.llamacpp.sampler.SeqSampler`) and hands the token to its request's thread, which turns
 tokens into text (:class:`~lemonkit.backends.llamacpp.generation.Generator`).
 
+Requests carry a priority (vLLM's ``priority`` field: lower first; a batch's rows are 1, behind interactive requests'
+0): the most urgent waiting request takes the next free slot, and while one is under way a less urgent prompt gets at
+most :data:`BEHIND_PREFILL` tokens of a step, so a chat sent during a batch is not held behind the batch's prefill.
+
 New requests join at the next step; a finished, stopped or cancelled one frees its slot at once. An idle slot keeps
 its tokens as a prompt cache: a newcomer takes the idle slot sharing its longest prefix (llama-server's slot
 similarity) and evaluates only the rest. With a RAM cache (``--cache-ram``, :mod:`~lemonkit.backends.llamacpp.
@@ -53,6 +57,9 @@ __all__ = ["Batcher", "End", "Seq", "parallel_context"]
 
 #: The share of a prompt an idle slot's cache must hold for the prompt to go there (llama-server's default).
 SIMILARITY = 0.1
+#: Prompt tokens a step gives requests of a later priority (a batch's rows) while a more urgent one is under way:
+#: enough that they advance, few enough that the urgent request's steps stay about as short as a decode's.
+BEHIND_PREFILL = 32
 
 #: A generated token as the decode thread hands it over: (token, (logprob, alternatives) or None).
 Token = tuple[int, tuple[float, list[tuple[int, float]]] | None]
@@ -420,15 +427,15 @@ class Batcher:
         """Pair waiting requests with idle slots, each taking the idle slot that shares its longest prefix."""
         out: list[tuple[_Slot, Seq]] = []
         while self._waiting:
-            seq = self._waiting[0]
+            seq = min(self._waiting, key=lambda s: s.job.priority)  # the first of the most urgent
             if seq.done or seq.cancelled():
-                self._waiting.popleft()
+                self._waiting.remove(seq)
                 seq._events.put(End("cancelled"))
                 continue
             idle = [s for s in self._slots if s.seq is None and all(s is not t for t, _ in out)]
             if not idle:
                 break
-            self._waiting.popleft()
+            self._waiting.remove(seq)
             out.append((self._pick(idle, seq.job.tokens if not seq.job.images else []), seq))
         return out
 
@@ -580,14 +587,23 @@ class Batcher:
             return
         planned: list[tuple[_Slot, list[int]]] = [(slot, [slot.last, *slot.draft]) for slot in generating]
         room = self._n_batch - sum(len(rows) for _, rows in planned)
-        for slot in self._order:
-            if slot.last >= 0 or not slot.pending:
-                continue
-            chunk = slot.pending[:room]
+        # the most urgent prompts first; while a more urgent request is under way, a less urgent one's prompt
+        # takes at most BEHIND_PREFILL tokens a step, so the steps (and its tokens) stay short
+        urgent = min(slot.seq.job.priority for slot in self._order if slot.seq is not None)
+        filling = sorted((s for s in self._order if s.last < 0 and s.pending), key=lambda s: s.seq.job.priority)  # type: ignore[union-attr]
+        behind = BEHIND_PREFILL
+        for slot in filling:
+            assert slot.seq is not None
+            later = slot.seq.job.priority > urgent
+            chunk = slot.pending[: min(room, behind) if later else room]
             if not chunk:
-                break
+                if later:
+                    break
+                continue
             planned.append((slot, chunk))
             room -= len(chunk)
+            if later:
+                behind -= len(chunk)
         for part in self._parts(planned) if drafted and self._recurrent else [planned]:
             part = [(slot, rows) for slot, rows in part if slot.seq is not None]  # an earlier part may end some
             if not part:

@@ -157,6 +157,8 @@ class Sampling:
         stops = [x for x in stops + (extra_stops or []) if x]
         cache_prompt = g("cache_prompt", True)
         check_arg("cache_prompt", cache_prompt, isinstance(cache_prompt, bool), "a boolean")
+        priority = g("priority", 0)
+        check_arg("priority", priority, isinstance(priority, int) and not isinstance(priority, bool), "an integer")
         logit_bias = parse_logit_bias(g("logit_bias"), self.n_vocab)
         return Job(
             tokens=tokens,
@@ -169,6 +171,7 @@ class Sampling:
             prompt=prompt,
             cache_prompt=cache_prompt,
             logit_bias=logit_bias,
+            priority=priority,
         )
 
 

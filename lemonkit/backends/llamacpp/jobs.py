@@ -32,3 +32,4 @@ class Job:
     cache_prompt: bool = True  # reuse a slot's cached prefix (llama-server's field); False: evaluate it all
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     budget: ReasoningBudget | None = None  # caps the reasoning's tokens
+    priority: int = 0  # vLLM's field: lower goes first (a batch's rows are 1, behind interactive requests' 0)
