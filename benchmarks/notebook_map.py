@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -37,16 +38,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' helpers
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from concurrency import _wait_ready, llama_server_binary, llama_server_cpu_flags  # noqa: E402
-from sidecar_memory import server_env  # noqa: E402
+from concurrency import _wait_ready, llama_server_binary, llama_server_cpu_flags
+from sidecar_memory import server_env
 
-import lemonkit  # noqa: E402
-from lemonkit.catalog.config import DEFAULT_CHAT_MODEL  # noqa: E402
-from lemonkit.client import Client  # noqa: E402
-from tests.support.llama_cpp_server import free_port  # noqa: E402
+import lemonkit
+from lemonkit.catalog.config import DEFAULT_CHAT_MODEL
+from lemonkit.client import Client
+from tests.support.llama_cpp_server import free_port
 
 SECTIONS = ("map", "rerun", "kill", "ttft")
 INSTRUCTION = (
@@ -71,8 +73,8 @@ def rows(n: int) -> list[str]:
 class Server:
     """``lemonkit serve`` on a cache of its own, SmolLM2 loaded with the benchmark's slots and threads."""
 
-    def __init__(self, cache: Path, parallel: int, threads: int) -> None:
-        self.cache, self.parallel, self.threads = cache, parallel, threads
+    def __init__(self, cache: Path, parallel: int, threads: int, extra: str = "") -> None:
+        self.cache, self.parallel, self.threads, self.extra = cache, parallel, threads, extra
         env = {**server_env(), "LEMONADE_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
         env.pop("LEMONADE_API_KEY", None)
         self.port = free_port()
@@ -81,7 +83,8 @@ class Server:
         self.root = f"http://127.0.0.1:{self.port}/"
         self.api = self.root + "api/v1"
         _wait_ready(self.root + "live", self.process)
-        body = {"model_name": DEFAULT_CHAT_MODEL, "llamacpp_args": f"--parallel {parallel} -t {threads}"}
+        args = f"--parallel {parallel} -t {threads} {extra}".strip()
+        body = {"model_name": DEFAULT_CHAT_MODEL, "llamacpp_args": args}
         httpx.post(f"{self.api}/load", json=body, timeout=600).raise_for_status()
 
     def client(self) -> Client:
@@ -116,11 +119,25 @@ class Server:
         return Path(registry.resolve(registry.get(DEFAULT_CHAT_MODEL)).main)
 
 
+def _cpu(pid: int) -> float:
+    """CPU seconds of a process and its children (the server and its sidecars)."""
+    process = psutil.Process(pid)
+    total = sum(process.cpu_times()[:2])
+    for child in process.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += sum(child.cpu_times()[:2])
+    return total
+
+
 def lemonkit_map(server: Server, texts: list[str], tokens: int) -> tuple[float, Any]:
+    process = psutil.Process(server.process.pid)
     with server.client() as client:
-        start = time.perf_counter()
+        front, start = sum(process.cpu_times()[:2]), time.perf_counter()
+        whole = _cpu(server.process.pid)
         out = lemonkit.map(INSTRUCTION, texts, client=client, max_tokens=tokens, temperature=0, progress=False)
         elapsed = time.perf_counter() - start
+        out.stats["server_cpu_seconds"] = round(sum(process.cpu_times()[:2]) - front, 2)
+        out.stats["all_cpu_seconds"] = round(_cpu(server.process.pid) - whole, 2)
     assert not out.errors, out.errors[:3]
     return elapsed, out
 
@@ -223,22 +240,25 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=6)
     parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument(
+        "--lemonkit-args", default="", help='more llama.cpp flags for lemonkit ("--no-batch-invariant")'
+    )
     args = parser.parse_args()
     sections = args.sections.split(",")
     texts = rows(args.rows)
     print(f"load averages before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory(prefix="lemonkit-bench-map-") as home:
         cache = Path(home) / "cache"
-        server = Server(cache, args.parallel, args.threads)
+        server = Server(cache, args.parallel, args.threads, args.lemonkit_args)
         try:
             with server.client() as client:
                 client.chat("Warm up.", stream=False, max_tokens=2)
                 client.cache_clear()
             first, out = lemonkit_map(server, texts, args.tokens)
-            if "map" in sections:
+            if "map" in sections or "lemonkit" in sections:
                 print(f"\nmap: {args.rows} rows, {args.tokens} tokens, --parallel {args.parallel} -t {args.threads}")
                 print(f"  lemonkit.map          {args.rows / first:8.1f} rows/s   (stats: {out.stats})")
-                ls = llama_server_rows(server.gguf(), texts, args)
+                ls = llama_server_rows(server.gguf(), texts, args) if "map" in sections else None
                 if ls is not None:
                     print(f"  llama-server + client {ls:8.1f} rows/s")
                     print(f"  lemonkit.map / llama-server: {args.rows / first / ls:.2f}")
@@ -262,7 +282,7 @@ def main() -> None:
                     time.sleep(0.02)
                 killed_at = server.generations() - before
                 server.kill()
-                server = Server(cache, args.parallel, args.threads)
+                server = Server(cache, args.parallel, args.threads, args.lemonkit_args)
                 after_start = server.generations()
                 while (batch := _batch(server, batch_id))["status"] not in ("completed", "failed", "cancelled"):
                     time.sleep(0.1)

@@ -14,9 +14,9 @@ A user's limits count, per user and across models:
 
 ``0`` is no limit, the default (a personal server's one user is its owner).
 
-Background requests (a batch's rows, :data:`background`) wait behind every interactive one: a waiting interactive
-request is granted the next free slot whatever background requests wait, so a chat sent while a batch runs starts
-as soon as one row ends. Among background requests the round-robin across users is the same.
+Background requests (a batch's rows, :data:`background`) wait behind every interactive one, and hold at most all but
+one of a model's slots: the last is kept for interactive requests, so a chat sent while a batch runs starts at once.
+Among background requests the round-robin across users is the same.
 
 Besides, the requests waiting at one model, all users together, are bounded (``max_queue``, back-pressure): one
 more is refused at once with :class:`~lemonkit.errors.QueueFull` (503), told to retry once the queue ahead of it
@@ -101,6 +101,8 @@ class ModelQueue:
         #: the same for background requests, granted only when no interactive request waits
         self._background: dict[str, deque[asyncio.Future[None]]] = {}
         self._last_background: str | None = None
+        #: turns held by background requests
+        self.behind_in_flight = 0
         self._last: str | None = None
         #: seconds a turn lasts, smoothed: what a refused request is told to wait
         self.typical_turn = _FIRST_GUESS
@@ -126,7 +128,13 @@ class ModelQueue:
         """Whether a request arriving now waits for its turn (``behind``: it is a background one; default: whether
         the running code is, :data:`background`)."""
         behind = background.get() if behind is None else behind
-        return self.in_flight >= self.capacity or bool(self._waiting) or (behind and bool(self._background))
+        if self.in_flight >= self.capacity or self._waiting:
+            return True
+        return behind and (bool(self._background) or not self._room_behind())
+
+    def _room_behind(self) -> bool:
+        """Whether a background request may take a turn now: all slots but one at most (one slot: that one)."""
+        return self.behind_in_flight < max(1, self.capacity - 1)
 
     def set_capacity(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
@@ -149,14 +157,16 @@ class ModelQueue:
             await turn
         except asyncio.CancelledError:
             if turn.done() and not turn.cancelled():
-                self.release()  # granted just as it was cancelled: pass the turn on
+                self.release(behind=behind)  # granted just as it was cancelled: pass the turn on
             else:
                 self._forget(waiting, user, turn)
             raise
 
-    def release(self, held: float | None = None) -> None:
-        """End a turn (``held``: the seconds it lasted) and grant the next one."""
+    def release(self, held: float | None = None, *, behind: bool = False) -> None:
+        """End a turn (``held``: the seconds it lasted; ``behind``: a background request's) and grant the next."""
         self.in_flight -= 1
+        if behind:
+            self.behind_in_flight -= 1
         if held is not None:
             self.typical_turn = 0.8 * self.typical_turn + 0.2 * held
         self._grant()
@@ -164,6 +174,7 @@ class ModelQueue:
     def _granted(self, user: str, *, behind: bool = False) -> None:
         self.in_flight += 1
         if behind:
+            self.behind_in_flight += 1
             self._last_background = user
         else:
             self._last = user
@@ -182,7 +193,7 @@ class ModelQueue:
         return next((u for u in waiting if u != last), next(iter(waiting)))
 
     def _grant(self) -> None:
-        while self.in_flight < self.capacity and (self._waiting or self._background):
+        while self.in_flight < self.capacity and (self._waiting or (self._background and self._room_behind())):
             behind = not self._waiting
             waiting = self._background if behind else self._waiting
             user = self._next_user(waiting, self._last_background if behind else self._last)
@@ -321,6 +332,7 @@ class FairScheduler:
         if queue.must_wait():  # in the user's own log stream: why their request has not started yet
             log.info("%s waits for a turn at %s (%d served, %d waiting)", user, model, queue.in_flight, queue.waiting)
         state.queued += 1
+        behind = background.get()
         try:
             await queue.acquire(user)
         finally:
@@ -329,4 +341,4 @@ class FairScheduler:
         try:
             yield queue
         finally:
-            queue.release(self._clock() - start)
+            queue.release(self._clock() - start, behind=behind)

@@ -10,7 +10,7 @@ import pytest
 
 from lemonkit.catalog.config import UserLimits
 from lemonkit.errors import QueueFull, TooManyRequests, error_from_body
-from lemonkit.serving.fairness import FairScheduler, ModelQueue, TokenBucket
+from lemonkit.serving.fairness import FairScheduler, ModelQueue, TokenBucket, background
 
 MODEL = "m"
 
@@ -40,10 +40,14 @@ class Run:
         self.order: list[str] = []
         self.gates: dict[str, asyncio.Event] = {}
 
-    def start(self, user: str, label: str, *, hold: bool = False, metered: bool = True) -> asyncio.Task[None]:
+    def start(
+        self, user: str, label: str, *, hold: bool = False, metered: bool = True, behind: bool = False
+    ) -> asyncio.Task[None]:
         if hold:
             self.gates[label] = asyncio.Event()
-        return asyncio.ensure_future(self._request(user, label, metered))
+        context = contextvars.copy_context()
+        context.run(background.set, behind)  # a batch's row (lemonkit.server.batches sets it in its tasks)
+        return asyncio.get_running_loop().create_task(self._request(user, label, metered), context=context)
 
     async def _request(self, user: str, label: str, metered: bool) -> None:
         async with self.scheduler.admission(user, MODEL, metered=metered):
@@ -341,3 +345,37 @@ def test_max_queue_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LEMONKIT_MAX_QUEUE", "-1")
     with pytest.raises(ValueError, match="LEMONKIT_MAX_QUEUE"):
         Settings()
+
+
+async def test_background_requests_keep_a_slot_free_and_wait_behind_interactive_ones() -> None:
+    """A batch's rows take all slots but one; a chat takes that one at once, and goes before the rows still waiting;
+    with the chat done, the rows fill the slots they may, round-robin across users."""
+    run = Run(scheduler())
+    run.queue.set_capacity(3)
+    rows = [run.start("alice", f"r{i}", hold=True, behind=True) for i in range(4)]
+    await settle(lambda: run.order == ["r0", "r1"] and run.queue.waiting == 2, "two rows served, two waiting")
+    assert run.queue.behind_in_flight == 2 and run.queue.in_flight == 2
+    chat = run.start("bob", "chat", hold=True)
+    await settle(lambda: run.order[-1:] == ["chat"], "the chat served at once, in the kept slot")
+    assert run.queue.in_flight == 3
+    other = run.start("carol", "c0", behind=True)
+    second_chat = run.start("bob", "chat2")
+    await settle(lambda: run.queue.waiting == 4, "rows of two users and a chat waiting")
+    run.gates["r0"].set()  # a slot frees: the waiting chat goes before every waiting row
+    await settle(lambda: run.order[-1:] == ["chat2"], "the second chat before the rows")
+    run.gates["chat"].set()  # the chat's slot is kept free: no row takes a third slot
+    await settle(lambda: len(run.order) == 5, "one row in the freed row slot")
+    assert run.order[-1] == "c0"  # carol's first row before alice's third: round-robin across users
+    assert run.queue.behind_in_flight == 2 and run.queue.in_flight == 2
+    for gate in run.gates.values():
+        gate.set()
+    await asyncio.gather(*rows, chat, other, second_chat)
+    assert run.order[5:] == ["r2", "r3"]
+    assert run.queue.in_flight == 0 and run.queue.behind_in_flight == 0
+
+
+async def test_a_one_slot_model_serves_background_requests_too() -> None:
+    run = Run(scheduler())
+    tasks = [run.start("alice", f"r{i}", behind=True) for i in range(3)]
+    await asyncio.gather(*tasks)
+    assert run.order == ["r0", "r1", "r2"] and run.queue.behind_in_flight == 0

@@ -12,8 +12,9 @@ than one step). After the decode each slot samples from its own logits row with 
 tokens into text (:class:`~lemonkit.backends.llamacpp.generation.Generator`).
 
 Requests carry a priority (vLLM's ``priority`` field: lower first; a batch's rows are 1, behind interactive requests'
-0): the most urgent waiting request takes the next free slot, and while one is under way a less urgent prompt gets at
-most :data:`BEHIND_PREFILL` tokens of a step, so a chat sent during a batch is not held behind the batch's prefill.
+0): the most urgent waiting request takes the next free slot, its prompt is evaluated in steps of the most urgent
+requests alone, and while it generates a less urgent prompt gets at most :data:`BEHIND_PREFILL` tokens of a step: a
+chat sent during a batch is neither held behind the batch's prefill nor slowed by it.
 
 New requests join at the next step; a finished, stopped or cancelled one frees its slot at once. An idle slot keeps
 its tokens as a prompt cache: a newcomer takes the idle slot sharing its longest prefix (llama-server's slot
@@ -113,6 +114,12 @@ class _Slot:
     idx: int = -1  # its logits row in this step's batch (-1: none)
     drafts: SeqDrafts | None = None  # with speculative decoding
     draft: list[int] = field(default_factory=list)  # this step's draft, decoded after ``last``
+
+
+def _priority(slot: _Slot) -> int:
+    """The priority of the request a busy slot serves (lower: more urgent)."""
+    assert slot.seq is not None
+    return slot.seq.job.priority
 
 
 @contextlib.contextmanager
@@ -579,7 +586,13 @@ class Batcher:
                 self._end(slot, End("cancelled"))
         if not self._order:
             return
-        generating = [slot for slot in self._order if slot.last >= 0]
+        # a more urgent request's prompt is evaluated in a step of the most urgent requests alone (it answers as
+        # soon as it would on an idle model); while one generates, a less urgent prompt takes at most
+        # BEHIND_PREFILL tokens a step, so its steps stay short
+        urgent = min(_priority(slot) for slot in self._order)
+        mixed = any(_priority(slot) > urgent for slot in self._order)
+        alone = mixed and any(s.last < 0 and s.pending and _priority(s) == urgent for s in self._order)
+        generating = [slot for slot in self._order if slot.last >= 0 and not (alone and _priority(slot) > urgent)]
         drafted = self._spec is not None and self._draft(generating)
         prompts = any(slot.last < 0 and slot.pending for slot in self._order)
         if generating and not drafted and not prompts:
@@ -587,14 +600,10 @@ class Batcher:
             return
         planned: list[tuple[_Slot, list[int]]] = [(slot, [slot.last, *slot.draft]) for slot in generating]
         room = self._n_batch - sum(len(rows) for _, rows in planned)
-        # the most urgent prompts first; while a more urgent request is under way, a less urgent one's prompt
-        # takes at most BEHIND_PREFILL tokens a step, so the steps (and its tokens) stay short
-        urgent = min(slot.seq.job.priority for slot in self._order if slot.seq is not None)
-        filling = sorted((s for s in self._order if s.last < 0 and s.pending), key=lambda s: s.seq.job.priority)  # type: ignore[union-attr]
-        behind = BEHIND_PREFILL
+        filling = sorted((s for s in self._order if s.last < 0 and s.pending), key=_priority)
+        behind = 0 if alone else BEHIND_PREFILL
         for slot in filling:
-            assert slot.seq is not None
-            later = slot.seq.job.priority > urgent
+            later = _priority(slot) > urgent
             chunk = slot.pending[: min(room, behind) if later else room]
             if not chunk:
                 if later:
