@@ -453,3 +453,43 @@ async def test_a_batch_run_again_is_answered_by_the_cache(host: Host) -> None:
         line for line in metrics.splitlines() if line.startswith('lemonkit_answer_cache_lookups_total{result="hit"}')
     ]
     assert hits and float(hits[0].split()[-1]) >= 5
+
+
+async def test_a_batch_past_its_window_expires_with_its_finished_requests(tmp_path: Path) -> None:
+    """A server stopped mid-batch; the batch's window ends meanwhile (its 24 h, moved into the past on disk); the
+    next start ends it expired: the finished requests in the output, the rest as batch_expired errors."""
+    env = {"LEMONADE_API_KEY": API_KEY, "LEMONADE_CACHE_DIR": str(tmp_path)}
+    (tmp_path / "user_models.json").write_bytes((CACHE_DIR / "user_models.json").read_bytes())
+    total = 20
+    first = Standalone(env)
+    try:
+        client = Host("standalone", first.root, API_KEY).openai()
+        batch = await _submit(client, _chat_lines(total, max_tokens=12), "/v1/chat/completions")
+
+        async def some() -> bool:
+            return (await client.batches.retrieve(batch.id)).request_counts.completed >= 3  # type: ignore[union-attr,operator]
+
+        await until(some, "a few requests to finish", 120)
+    finally:
+        first.stop()  # a clean stop: the batch resumes at the next start
+    record = next(tmp_path.glob(f"batches/*/{batch.id}/batch.json"))
+    data = json.loads(record.read_text())
+    assert data["batch"]["status"] == "in_progress"
+    journaled = len([line for line in next(record.parent.glob("journal.jsonl")).read_bytes().splitlines() if line])
+    assert 3 <= journaled < total
+    data["batch"]["expires_at"] = data["batch"]["created_at"] - 1
+    record.write_text(json.dumps(data))
+
+    second = Standalone(env)
+    try:
+        client = Host("standalone", second.root, API_KEY).openai()
+        done = await _finished(client, batch.id)
+        assert done.status == "expired" and done.expired_at, done
+        assert (done.request_counts.completed, done.request_counts.failed) == (journaled, total - journaled)  # type: ignore[union-attr]
+        outputs = await _lines(client, done.output_file_id)
+        errors = await _lines(client, done.error_file_id)
+        assert len(outputs) == journaled and len(errors) == total - journaled
+        assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+        assert sorted(o["custom_id"] for o in outputs + errors) == sorted(f"row-{i}" for i in range(total))
+    finally:
+        second.stop()
