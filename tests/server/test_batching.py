@@ -298,3 +298,27 @@ async def test_a_more_urgent_request_is_not_held_behind_less_urgent_prompts(host
         bad = await client.post("completions", json={**long, "priority": "high"})
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_argument"
         await _idle(client)
+
+
+async def test_a_prompt_shares_a_busy_slots_prefix_and_answers_as_alone(host: Host) -> None:
+    """While one slot generates after a long prompt, a second request with the same prefix goes to the other slot
+    (the only idle one, holding nothing) and takes the prefix's cells from the busy slot: reported as cached, and the
+    same answer as on a freshly loaded model."""
+    prefix = "Instruction: label the following item carefully. " * 12
+    second = {"model": TINY, "prompt": prefix + "Item: a lamp.", "max_tokens": 8, "temperature": 0}
+    async with host.client() as client:
+        await _load(client, "--parallel 2")
+        alone = (await client.post("completions", json=second)).json()
+        await _load(client, "--parallel 2")
+        body = {"model": TINY, "prompt": prefix + "Item: a kettle.", "max_tokens": 4000, "temperature": 0}
+        async with client.stream("POST", "completions", json={**body, "stream": True}) as busy:
+            lines = busy.aiter_lines()
+            while not (await anext(lines)).startswith("data: {"):
+                pass  # the first slot is generating: its prompt is in the cache
+            shared = (await client.post("completions", json=second)).json()
+    assert shared["choices"][0]["text"] == alone["choices"][0]["text"]
+    cached = shared["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert alone["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert shared["usage"]["prompt_tokens"] - 12 <= cached < shared["usage"]["prompt_tokens"], shared["usage"]
+    async with host.client() as client:
+        await _idle(client)

@@ -18,11 +18,12 @@ chat sent during a batch is neither held behind the batch's prefill nor slowed b
 
 New requests join at the next step; a finished, stopped or cancelled one frees its slot at once. An idle slot keeps
 its tokens as a prompt cache: a newcomer takes the idle slot sharing its longest prefix (llama-server's slot
-similarity) and evaluates only the rest. With a RAM cache (``--cache-ram``, :mod:`~lemonkit.backends.llamacpp.
-prompt_cache`) a slot's cache that a newcomer would cut back is saved to host memory first, and a newcomer that
-shares more with a saved prompt than with its slot has that prompt restored into the slot. When the KV cache is
-full, idle slots' caches go first (to the RAM cache, if there is one); if that is not enough, the newest sequence
-ends with finish_reason "length".
+similarity) and evaluates only the rest; when another slot, busy or idle, holds a longer prefix, its cells for it
+are shared with the newcomer's sequence, so the rows of one template evaluate the instruction once. With a RAM cache
+(``--cache-ram``, :mod:`~lemonkit.backends.llamacpp.prompt_cache`) a slot's cache that a newcomer would cut back is
+saved to host memory first, and a newcomer that shares more with a saved prompt than with its slot has that prompt
+restored into the slot. When the KV cache is full, idle slots' caches go first (to the RAM cache, if there is one);
+if that is not enough, the newest sequence ends with finish_reason "length".
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ __all__ = ["Batcher", "End", "Seq", "parallel_context"]
 
 #: The share of a prompt an idle slot's cache must hold for the prompt to go there (llama-server's default).
 SIMILARITY = 0.1
+#: The fewest prompt tokens worth sharing from another slot's cells (a copy of fewer saves next to nothing).
+MIN_SHARED = 16
 #: Prompt tokens a step gives requests of a later priority (a batch's rows) while a more urgent one is under way:
 #: enough that they advance, few enough that the urgent request's steps stay about as short as a decode's.
 BEHIND_PREFILL = 32
@@ -481,6 +484,8 @@ class Batcher:
         prefix = common_prefix(slot.tokens, tokens) if slot.reusable and job.cache_prompt else 0
         if self.cache is not None and job.cache_prompt:
             prefix = self._from_ram(slot, tokens, prefix)
+        if job.cache_prompt:
+            prefix = self._from_neighbour(slot, tokens, prefix)
         reuse = min(prefix, len(tokens) - 1)  # at least one token is evaluated, for fresh logits
         if not (reuse > 0 and self._window_intact(slot.id, reuse) and self._seq_rm(slot.id, reuse)):
             reuse = 0
@@ -516,6 +521,35 @@ class Batcher:
         if self._spare is not None:
             self._compact_due = True  # its cells went where there was room: lay them out in order again
         slot.tokens = entry.tokens
+        return shared
+
+    def _from_neighbour(self, slot: _Slot, tokens: list[int], prefix: int) -> int:
+        """When another slot (generating or idle) holds a longer prefix of ``tokens`` than ``slot`` does, share
+        its cells for that prefix with ``slot`` (``llama_memory_seq_cp``: the cells gain a sequence, nothing is
+        computed or copied): rows of one template evaluate its instruction once, not once per slot. Returns the
+        prefix ``slot`` holds.
+
+        Its K/V are what ``slot`` would compute for the same tokens at the same positions (batch-invariant kernels:
+        the same bits however they were batched), so the answer does not change. Not for recurrent models (a
+        state, not cells per position), an MTP head (it mirrors each slot's cache) or a donor serving images.
+        """
+        if self._recurrent or self._mtp is not None:
+            return prefix
+        best, shared = None, prefix
+        for other in self._slots:
+            if other is slot or not other.reusable or (other.seq is not None and other.seq.job.images):
+                continue
+            n = common_prefix(other.tokens, tokens)
+            if n > shared:
+                best, shared = other, n
+        if best is None or shared < max(MIN_SHARED, SIMILARITY * len(tokens)):
+            return prefix
+        shared = min(shared, len(tokens) - 1)  # at least one token is evaluated, for fresh logits
+        if shared <= prefix or not self._window_intact(best.id, shared):
+            return prefix
+        self._seq_rm(slot.id, 0)
+        self._lc.llama_memory_seq_cp(self._mem, best.id, slot.id, 0, shared)
+        slot.tokens, slot.n_past = tokens[:shared], shared
         return shared
 
     def _save(self, slot: _Slot) -> None:
