@@ -320,6 +320,8 @@ class BatchRunner:
             return
         most = self.service.settings.batch_max_requests
         count, errors, model = await asyncio.to_thread(_check_input, path, batch["endpoint"], most)
+        if batch["status"] != "validating":
+            return  # cancelled meanwhile
         if errors:
             batch["request_counts"]["total"] = count
             await self._fail(record, errors)

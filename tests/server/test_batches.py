@@ -353,6 +353,10 @@ async def test_cancel_keeps_the_finished_requests(host: Host) -> None:
     assert all(o["response"]["status_code"] == 200 for o in outputs)
     with pytest.raises(openai.BadRequestError):
         await client.batches.cancel(batch.id)  # over already
+    at_once = await _submit(client, lines, "/v1/chat/completions")
+    await client.batches.cancel(at_once.id)  # while it validates, or just after
+    ended = await _finished(client, at_once.id)
+    assert ended.status == "cancelled" and ended.request_counts.completed < 40  # type: ignore[union-attr]
 
 
 async def test_a_chat_during_a_batch_goes_ahead_of_its_queued_rows(host: Host) -> None:
