@@ -334,3 +334,8 @@ def test_a_users_files_and_batches_are_their_own(hub: JupyterHub) -> None:
     assert json.loads(output)["response"]["body"]["choices"][0]["message"]["content"]
     with pytest.raises(NotFoundError):
         bob.files.content(done.output_file_id)  # type: ignore[arg-type]
+    # the answer cache is per user too: alice's row is in hers, and bob's lookup of the same request finds nothing
+    lookup = {"endpoint": "/v1/chat/completions", "requests": [line["body"]]}
+    mine = httpx.post(f"{hub.api}/cache/lookup", json=lookup, headers=hub.headers("alice"), timeout=120).json()
+    theirs = httpx.post(f"{hub.api}/cache/lookup", json=lookup, headers=hub.headers("bob"), timeout=120).json()
+    assert mine["hits"] == 1 and mine["data"][0]["choices"] and theirs == {"object": "list", "data": [None], "hits": 0}
