@@ -335,11 +335,12 @@ class BatchRunner:
         await asyncio.to_thread(self.service.batch_store.save, record)
 
     def _width(self, model: str | None) -> int:
-        """Requests of a batch in flight at once: as many as the model has slots (its engine runs all but one, the
-        last waits inside it for the next free slot; see :mod:`lemonkit.serving.fairness`); never all of a per-user
+        """Requests of a batch in flight at once: as many as background turns the model gives (all its slots but
+        one, kept for interactive requests) and one more waiting for the next; never all of a per-user
         ``max_active`` (the owner's own chats keep one)."""
         loaded = self.service.manager.loaded(model) if model else None
-        width = loaded.slots if loaded is not None else 1
+        slots = loaded.slots if loaded is not None else 1
+        width = max(1, slots - 1) + 1
         most = self.service.settings.user_limits.max_active
         return max(1, min(width, most - 1)) if most else width
 

@@ -14,11 +14,9 @@ A user's limits count, per user and across models:
 
 ``0`` is no limit, the default (a personal server's one user is its owner).
 
-Background requests (a batch's rows, :data:`background`) wait behind every interactive one. They may hold as many
-turns as the model has slots, but its engine runs at most all but one of them (the last slot is kept for interactive
-requests) while the other waits inside the engine for the next slot a row frees; an interactive request may always
-take the kept slot, so a chat sent while a batch runs starts at once. Among background requests the round-robin
-across users is the same.
+Background requests (a batch's rows, :data:`background`) wait behind every interactive one, and hold at most all but
+one of a model's slots: the last is kept for interactive requests, so a chat sent while a batch runs starts at once.
+Among background requests the round-robin across users is the same.
 
 Besides, the requests waiting at one model, all users together, are bounded (``max_queue``, back-pressure): one
 more is refused at once with :class:`~lemonkit.errors.QueueFull` (503), told to retry once the queue ahead of it
@@ -130,23 +128,13 @@ class ModelQueue:
         """Whether a request arriving now waits for its turn (``behind``: it is a background one; default: whether
         the running code is, :data:`background`)."""
         behind = background.get() if behind is None else behind
-        if self._waiting:
+        if self.in_flight >= self.capacity or self._waiting:
             return True
-        if behind:
-            return bool(self._background) or not self._room_behind()
-        return not self._room_interactive()
+        return behind and (bool(self._background) or not self._room_behind())
 
     def _room_behind(self) -> bool:
-        """Whether a background request may take a turn now: as many as the model has slots, of which the engine
-        runs all but one (the last slot is kept for interactive requests: :mod:`lemonkit.backends.llamacpp.batch`)
-        while the other waits inside the engine, to take the next slot a row frees without a round trip."""
-        return self.behind_in_flight < self.capacity
-
-    def _room_interactive(self) -> bool:
-        """Whether an interactive request may take a turn now: the slots less those interactive requests hold and
-        those background requests run (all but one at most: one is always there for an interactive request)."""
-        running_behind = min(self.behind_in_flight, self.capacity - 1)
-        return (self.in_flight - self.behind_in_flight) + running_behind < self.capacity
+        """Whether a background request may take a turn now: all slots but one at most (one slot: that one)."""
+        return self.behind_in_flight < max(1, self.capacity - 1)
 
     def set_capacity(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
@@ -205,9 +193,7 @@ class ModelQueue:
         return next((u for u in waiting if u != last), next(iter(waiting)))
 
     def _grant(self) -> None:
-        while (self._waiting and self._room_interactive()) or (
-            not self._waiting and self._background and self._room_behind()
-        ):
+        while self.in_flight < self.capacity and (self._waiting or (self._background and self._room_behind())):
             behind = not self._waiting
             waiting = self._background if behind else self._waiting
             user = self._next_user(waiting, self._last_background if behind else self._last)

@@ -322,26 +322,3 @@ async def test_a_prompt_shares_a_busy_slots_prefix_and_answers_as_alone(host: Ho
     assert shared["usage"]["prompt_tokens"] - 12 <= cached < shared["usage"]["prompt_tokens"], shared["usage"]
     async with host.client() as client:
         await _idle(client)
-
-
-async def test_less_urgent_requests_leave_the_last_idle_slot_free(host: Host) -> None:
-    """Two requests of priority 1 on two slots: the engine runs one and keeps the other slot for priority 0."""
-    async with host.client() as client:
-        await _load(client, "--parallel 2")
-        body = {"model": TINY, "prompt": "go", "max_tokens": 4000, "temperature": 0, "priority": 1, "stream": True}
-        streams = [client.stream("POST", "completions", json=body) for _ in range(2)]
-        responses = await asyncio.gather(*(s.__aenter__() for s in streams))
-        try:
-
-            async def one_generating() -> list[dict[str, Any]] | None:
-                slots = (await client.get("slots", params={"model": TINY})).json()
-                busy = [s for s in slots if s["is_processing"]]
-                return busy if busy and busy[0]["next_token"]["n_decoded"] > 3 else None
-
-            busy = await until(one_generating, "one of them to generate")
-            assert len(busy) == 1  # the other waits for a slot that is not the last idle one
-            assert all(r.status_code == 200 for r in responses)
-        finally:
-            for s in streams:
-                await s.__aexit__(None, None, None)
-        await _idle(client)

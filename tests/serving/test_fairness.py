@@ -348,30 +348,29 @@ def test_max_queue_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_background_requests_keep_a_slot_free_and_wait_behind_interactive_ones() -> None:
-    """A batch's rows take as many turns as the model has slots (its engine runs all but one, the other waits in
-    it); a chat takes the kept slot at once; a second chat goes before every waiting row; freed turns go to the
-    rows again, round-robin across users."""
+    """A batch's rows take all slots but one; a chat takes that one at once, and goes before the rows still waiting;
+    with the chat done, the rows fill the slots they may, round-robin across users."""
     run = Run(scheduler())
     run.queue.set_capacity(3)
-    rows = [run.start("alice", f"r{i}", hold=True, behind=True) for i in range(5)]
-    await settle(lambda: run.order == ["r0", "r1", "r2"] and run.queue.waiting == 2, "three rows served, two wait")
-    assert run.queue.behind_in_flight == 3 and run.queue.in_flight == 3
+    rows = [run.start("alice", f"r{i}", hold=True, behind=True) for i in range(4)]
+    await settle(lambda: run.order == ["r0", "r1"] and run.queue.waiting == 2, "two rows served, two waiting")
+    assert run.queue.behind_in_flight == 2 and run.queue.in_flight == 2
     chat = run.start("bob", "chat", hold=True)
     await settle(lambda: run.order[-1:] == ["chat"], "the chat served at once, in the kept slot")
-    assert run.queue.in_flight == 4
-    other = run.start("carol", "c0", hold=True, behind=True)
-    second_chat = run.start("bob", "chat2", hold=True)
+    assert run.queue.in_flight == 3
+    other = run.start("carol", "c0", behind=True)
+    second_chat = run.start("bob", "chat2")
     await settle(lambda: run.queue.waiting == 4, "rows of two users and a chat waiting")
-    run.gates["r0"].set()  # the engine's slots are the chat's and two rows': no room for the chat yet, nor a row
-    await settle(lambda: run.queue.behind_in_flight == 2, "r0 ended")
-    assert run.order[-1] == "chat" and run.queue.waiting == 4
-    run.gates["chat"].set()  # the kept slot frees: the waiting chat goes first, then a row takes the turn r0 left:
-    await settle(lambda: len(run.order) == 6, "the second chat and one more row")  # carol's (round-robin)
-    assert run.order[4:] == ["chat2", "c0"] and run.queue.behind_in_flight == 3
+    run.gates["r0"].set()  # a slot frees: the waiting chat goes before every waiting row
+    await settle(lambda: run.order[-1:] == ["chat2"], "the second chat before the rows")
+    run.gates["chat"].set()  # the chat's slot is kept free: no row takes a third slot
+    await settle(lambda: len(run.order) == 5, "one row in the freed row slot")
+    assert run.order[-1] == "c0"  # carol's first row before alice's third: round-robin across users
+    assert run.queue.behind_in_flight == 2 and run.queue.in_flight == 2
     for gate in run.gates.values():
         gate.set()
     await asyncio.gather(*rows, chat, other, second_chat)
-    assert run.order[6:] == ["r3", "r4"]
+    assert run.order[5:] == ["r2", "r3"]
     assert run.queue.in_flight == 0 and run.queue.behind_in_flight == 0
 
 

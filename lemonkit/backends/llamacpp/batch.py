@@ -11,11 +11,10 @@ than one step). After the decode each slot samples from its own logits row with 
 (:class:`~lemonkit.backends.llamacpp.sampler.SeqSampler`) and hands the token to its request's thread, which turns
 tokens into text (:class:`~lemonkit.backends.llamacpp.generation.Generator`).
 
-Requests carry a priority (vLLM's ``priority`` field: lower first; a batch's rows are 1, behind interactive
-requests' 0): the most urgent waiting request takes the next free slot (the last idle slot only goes to priority 0),
-its prompt is evaluated in steps of the most urgent requests alone, and while it generates a less urgent prompt gets
-at most :data:`BEHIND_PREFILL` tokens of a step: a chat sent during a batch is neither held behind the batch's
-prefill nor slowed by it.
+Requests carry a priority (vLLM's ``priority`` field: lower first; a batch's rows are 1, behind interactive requests'
+0): the most urgent waiting request takes the next free slot, its prompt is evaluated in steps of the most urgent
+requests alone, and while it generates a less urgent prompt gets at most :data:`BEHIND_PREFILL` tokens of a step: a
+chat sent during a batch is neither held behind the batch's prefill nor slowed by it.
 
 New requests join at the next step; a finished, stopped or cancelled one frees its slot at once. An idle slot keeps
 its tokens as a prompt cache: a newcomer takes the idle slot sharing its longest prefix (llama-server's slot
@@ -444,8 +443,8 @@ class Batcher:
                 seq._events.put(End("cancelled"))
                 continue
             idle = [s for s in self._slots if s.seq is None and all(s is not t for t, _ in out)]
-            if not idle or (seq.job.priority > 0 and len(idle) == 1 < len(self._slots)):
-                break  # the last idle slot is kept for a request of priority 0 (an interactive one)
+            if not idle:
+                break
             self._waiting.remove(seq)
             out.append((self._pick(idle, seq.job.tokens if not seq.job.images else []), seq))
         return out
