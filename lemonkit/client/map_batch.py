@@ -176,6 +176,8 @@ class MapBatch:
                     continue
                 line = json.loads(raw)
                 index = int(line["custom_id"])
+                if index in self.results._finished:
+                    continue  # the cache answered it before this run followed the batch
                 response = line.get("response")
                 if response is not None and response["status_code"] == 200:
                     self._finish(index, response["body"])

@@ -43,11 +43,6 @@ __all__ = [
 log = logging.getLogger("lemonkit.server")
 
 
-def _log_failure(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.warning("the answer cache could not keep an answer: %s", future.exception())
-
-
 def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes")
 
@@ -75,6 +70,7 @@ class ModelRouteHandler(LemonkitHandler):
     #: whether the route samples (embeddings and rerank do not: their answers are always deterministic)
     samples = True
     _cache_key: str | None = None
+    _held: Any = None
 
     async def _serve(self, info: ModelInfo, body: dict[str, Any]) -> None:
         # a shared server's model loads with its saved options unless an admin asks otherwise
@@ -88,6 +84,7 @@ class ModelRouteHandler(LemonkitHandler):
             if cached and loaded is not model and await self._from_cache(model, body):
                 return
             await self.run(model, body)
+        await self._send_held()
 
     # -- the answer cache (lemonkit.serving.answer_cache) --------------------------------------------------------
 
@@ -168,14 +165,22 @@ class ModelRouteHandler(LemonkitHandler):
         return (await self._lookup(model, body))[1]
 
     def write_json(self, data: Any, status: int = 200) -> None:
-        key, self._cache_key = self._cache_key, None
-        if key is not None and status == 200:
-            payload = json.dumps(data).encode()
-            stored = asyncio.get_running_loop().run_in_executor(
-                None, self.service.answers.put, self.caller.name, key, payload
-            )
-            stored.add_done_callback(_log_failure)
+        if self._cache_key is not None and status == 200:
+            self._held = data  # sent once the cache keeps it (_send_held): the same request asked next is a hit
+            return
         super().write_json(data, status)
+
+    async def _send_held(self) -> None:
+        """Keep the answer :meth:`write_json` held in the answer cache, then send it."""
+        data, self._held = self._held, None
+        key, self._cache_key = self._cache_key, None
+        if data is None or key is None:
+            return
+        try:
+            await asyncio.to_thread(self.service.answers.put, self.caller.name, key, json.dumps(data).encode())
+        except (OSError, ValueError) as exc:
+            log.warning("the answer cache could not keep an answer: %s", exc)
+        super().write_json(data)
 
     def check_applicable(self, info: ModelInfo) -> None:
         if info.type not in self.serves:
