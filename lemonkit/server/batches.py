@@ -204,7 +204,6 @@ class _Running:
         self.journal: Journal | None = None
         self.rows: set[asyncio.Task[None]] = set()
         self.stop: str | None = None  # "cancelled" or "expired"
-        self.stopped = asyncio.Event()
         self.saved_at = 0.0
 
 
@@ -307,7 +306,6 @@ class BatchRunner:
                 await asyncio.to_thread(running.journal.close)
             lock.close()
             self._running.pop(record.id, None)
-            running.stopped.set()
 
     async def _validate(self, record: BatchRecord) -> None:
         batch, user = record.batch, record.owner["name"]
@@ -438,28 +436,23 @@ class BatchRunner:
         journal_path = record.journal_path
         expired = status == "expired"
         path = await asyncio.to_thread(self.service.files.content, user, batch["input_file_id"])
-        out_id, err_id, failed = await asyncio.to_thread(
+        out_id, err_id, completed, failed = await asyncio.to_thread(
             _write_results, self.service, user, record, journal_path, path if expired else None
         )
         batch["output_file_id"], batch["error_file_id"] = out_id, err_id
         batch["request_counts"]["failed"] = failed
-        batch["request_counts"]["completed"] = _completed(journal_path)
+        batch["request_counts"]["completed"] = completed
         batch.update(status=status, **{f"{status}_at": int(time.time())})
         await asyncio.to_thread(self.service.batch_store.save, record)
         log.info("%s %s: %s", record.id, status, batch["request_counts"])
 
 
-def _completed(journal_path: Path) -> int:
-    journal = Journal(journal_path)
-    journal.close()
-    return sum(journal.done.values())
-
-
 def _write_results(
     service: Service, user: str, record: BatchRecord, journal_path: Path, expired_input: Path | None
-) -> tuple[str | None, str | None, int]:
+) -> tuple[str | None, str | None, int, int]:
     """Write the batch's output and error files (blocking); with ``expired_input``, each request that did not run
-    goes to the error file as ``batch_expired``. Returns their ids (``None``: no such line) and the failed count.
+    goes to the error file as ``batch_expired``. Returns their ids (``None``: no such line) and the completed and
+    failed counts.
 
     The files' ids derive from the batch's, so a server killed while writing them writes the same files again."""
     hexid = record.id.removeprefix("batch_")
@@ -495,7 +488,7 @@ def _write_results(
                     wrote_err += 1
         out_id = outputs.commit()["id"] if wrote_out else None
         err_id = errors.commit()["id"] if wrote_err else None
-    return out_id, err_id, wrote_err
+    return out_id, err_id, wrote_out, wrote_err
 
 
 def _empty_usage() -> dict[str, Any]:
