@@ -13,9 +13,10 @@ from typing import Any
 
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from tornado import web
 from tornado.iostream import StreamClosedError
 
-from lemonkit.errors import InvalidArgument, InvalidRequest, MissingArgument, NotFound, TooLarge
+from lemonkit.errors import InvalidArgument, InvalidRequest, LemonkitError, MissingArgument, NotFound, TooLarge
 from lemonkit.server.handler import LemonkitHandler
 from lemonkit.serving.file_store import PURPOSES, NewFile
 
@@ -23,6 +24,9 @@ __all__ = ["FileContentHandler", "FileHandler", "FilesHandler", "list_page"]
 
 #: bytes of multipart framing and text fields an upload may carry besides its file
 _FRAMING = 64 * 1024
+#: the most of a refused upload's body read and dropped before answering: a server that answers and closes while
+#: the client still sends makes the client's kernel reset the connection, and the answer is lost with it
+_LINGER = 1024 * 1024
 #: bytes read from disk at a time when a file's content is sent
 _READ = 256 * 1024
 
@@ -140,23 +144,30 @@ class FilesHandler(LemonkitHandler):
     _stream_request_body = True  # what @tornado.web.stream_request_body sets (see LiveTranscriptionHandler)
     raw_body = True
     _upload: _Upload | None = None
-    _refusal: InvalidRequest | None = None
+    _refusal: LemonkitError | web.HTTPError | None = None
 
     async def prepare(self) -> None:
-        checked = super().prepare()  # the host's: credentials, Host and Origin
-        if checked is not None:
-            await checked
+        declared = self.request.headers.get("Content-Length")
+        size = int(declared) if declared is not None and declared.isdigit() else 0
+        connection: Any = self.request.connection
+        try:
+            checked = super().prepare()  # the host's: credentials, Host and Origin
+            if checked is not None:
+                await checked
+        except (LemonkitError, web.HTTPError) as exc:
+            if self.request.method != "POST" or size > _LINGER or not hasattr(connection, "set_max_body_size"):
+                raise
+            connection.set_max_body_size(_LINGER)  # a longer body from a stranger ends the connection
+            self._refusal = exc  # answered once the (short) body is read
+            return
         if self._finished or self.request.method != "POST":
             return
         limit = self.service.settings.files_max_bytes
-        declared = self.request.headers.get("Content-Length")
-        size = int(declared) if declared is not None and declared.isdigit() else 0
         # a body somewhat over the limit is read and dropped, so that the client (still sending) reads the 413;
         # one far over it is refused at once, the connection closed
         drain = 4 * limit + 64 * 1024 * 1024
         if size > drain:
             raise TooLarge(self._too_large_message(limit))
-        connection: Any = self.request.connection
         if connection is not None and hasattr(connection, "set_max_body_size"):
             connection.set_max_body_size(max(size, limit + _FRAMING))
         if size > limit + _FRAMING:

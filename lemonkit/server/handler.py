@@ -131,7 +131,16 @@ class LemonkitHandler(_Base):
         if isinstance(err, RetryLater):
             self.set_header("Retry-After", str(max(1, math.ceil(err.retry_after))))
         self.set_header("Content-Type", "application/json")
+        if self._body_unread():
+            # Tornado closes the connection after answering a streamed body it did not read, without saying so;
+            # a client that keeps the connection for its next request would read that close as a broken answer
+            self.set_header("Connection", "close")
         self.finish(json.dumps(err.to_dict()))
+
+    def _body_unread(self) -> bool:
+        """A streamed body (uploads, live audio) refused in ``prepare``, before Tornado read it."""
+        future = getattr(self.request, "_body_future", None)  # Tornado's: done once the whole body was read
+        return bool(getattr(self, "_stream_request_body", False)) and future is not None and not future.done()
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, LemonkitError) and value.status < 500:

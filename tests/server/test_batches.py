@@ -4,6 +4,7 @@ killed mid-batch and restarted, an interactive chat during a batch."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -112,6 +113,27 @@ async def test_files_api_round_trip(host: Host) -> None:
     with pytest.raises(openai.NotFoundError):
         await client.files.retrieve("../../etc/passwd")
     await client.files.delete(other.id)
+
+
+async def test_an_upload_refused_for_its_credentials_is_answered_and_the_connection_kept(host: Host) -> None:
+    """A short body is read before the refusal is sent: answered while the client still sent, the close would
+    reset the connection and lose the answer. A long one is refused at once, saying the connection closes."""
+    async with httpx.AsyncClient(base_url=host.api + "/", timeout=60) as anonymous:
+        for _ in range(20):
+            refused = await anonymous.post("files", files={"file": ("a.txt", b"x" * 50_000)}, data={"purpose": "batch"})
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+            assert refused.headers.get("Connection") != "close"
+    url = httpx.URL(host.api + "/files")
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    head = (
+        f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+        "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000000\r\n\r\n"
+    )
+    writer.write(head.encode())  # and none of the body: nothing unread is left to reset the connection
+    answer = await asyncio.wait_for(reader.read(), 60)  # to the server's close
+    writer.close()
+    status, _, rest = answer.partition(b"\r\n")
+    assert status.split()[1] == b"401" and b"\r\nConnection: close\r\n" in rest, answer[:400]
 
 
 @pytest.fixture(scope="module")
