@@ -12,12 +12,14 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["TOKEN_BUCKETS", "TTFT_BUCKETS", "GenerationTotals", "add_totals"]
+__all__ = ["PROMPT_RATE_BUCKETS", "TOKEN_BUCKETS", "TTFT_BUCKETS", "GenerationTotals", "add_totals"]
 
 #: seconds to the first token: a cached prompt on a GPU to a long prompt on a few cores
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: seconds per generated token: 1000 tok/s to 1 tok/s
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+#: prompt tokens evaluated per second: a long prompt on a few cores to a GPU's prefill
+PROMPT_RATE_BUCKETS = (10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 25000.0)
 
 
 class _Histogram:
@@ -45,13 +47,21 @@ class GenerationTotals:
         self.generated_tokens = 0
         self._ttft = _Histogram(TTFT_BUCKETS)
         self._token = _Histogram(TOKEN_BUCKETS)
+        self._prompt_rate = _Histogram(PROMPT_RATE_BUCKETS)
 
     def record(
-        self, *, prompt_tokens: int, cached_tokens: int, ttft: float | None, token_times: Iterable[float]
+        self,
+        *,
+        prompt_tokens: int,
+        cached_tokens: int,
+        ttft: float | None,
+        token_times: Iterable[float],
+        prompt_seconds: float = 0.0,
     ) -> None:
-        """One generation: its prompt (``cached_tokens`` of it reused), the time to its first token (``None`` when
-        it generated none) and the time of each token after."""
+        """One generation: its prompt (``cached_tokens`` of it reused, the rest evaluated in ``prompt_seconds``), the
+        time to its first token (``None`` when it generated none) and the time of each token after."""
         times = list(token_times)
+        evaluated = prompt_tokens - cached_tokens
         with self._lock:
             self.generations += 1
             self.prompt_tokens += prompt_tokens
@@ -61,6 +71,8 @@ class GenerationTotals:
                 self._ttft.observe(ttft)
             for t in times:
                 self._token.observe(t)
+            if evaluated > 0 and prompt_seconds > 0:  # a prompt the cache answered whole has no rate
+                self._prompt_rate.observe(evaluated / prompt_seconds)
 
     def to_dict(self) -> dict[str, Any]:
         with self._lock:
@@ -71,6 +83,7 @@ class GenerationTotals:
                 "generated_tokens": self.generated_tokens,
                 "time_to_first_token": self._ttft.to_dict(),
                 "time_per_output_token": self._token.to_dict(),
+                "prompt_tokens_per_second": self._prompt_rate.to_dict(),
             }
 
 

@@ -134,6 +134,12 @@ async def render(service: Service) -> bytes:
                     totals,
                     "time_per_output_token",
                 ),
+                _histogram(
+                    "lemonkit_prompt_tokens_per_second",
+                    "Prompt tokens evaluated per second, per request (its cached prefix left out)",
+                    totals,
+                    "prompt_tokens_per_second",
+                ),
                 queue,
                 busy,
                 slots,

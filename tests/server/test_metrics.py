@@ -55,6 +55,10 @@ async def test_requests_tokens_latency_and_slots(host: Host) -> None:
         "lemonkit_generated_tokens_total", model=TINY
     )
     assert grew("lemonkit_time_to_first_token_seconds_sum", model=TINY) > 0
+    # a prompt rate per request that evaluated prompt tokens (a repeated prompt may come whole from the slot's cache)
+    rates = grew("lemonkit_prompt_tokens_per_second_count", model=TINY)
+    assert 1 <= rates <= 3 and grew("lemonkit_prompt_tokens_per_second_bucket", model=TINY, le="+Inf") == rates
+    assert grew("lemonkit_prompt_tokens_per_second_sum", model=TINY) / rates > 1  # tokens a second, not seconds
     assert _of(during, "lemonkit_queue_depth", model=TINY) == 0 and _of(during, "lemonkit_slots", model=TINY) >= 1
     assert _of(during, "lemonkit_slots_busy", model=TINY) == 0 and _of(during, "lemonkit_models_loaded") >= 2
     assert _of(during, "lemonkit_model_memory_bytes", model=TINY) > 0

@@ -447,6 +447,7 @@ class Generator:
             cached_tokens=run.cached,
             ttft=run.ttft if run.generated else None,
             token_times=run.times,
+            prompt_seconds=run.prompt_ms / 1000.0,
         )
         decode_s = sum(run.times)
         self.stats = {
