@@ -123,6 +123,17 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
+def _env_seconds(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    try:
+        seconds = float(value) if value else default
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
+    if not seconds > 0:
+        raise ValueError(f"{name} must be more than 0 seconds, got {value!r}")
+    return seconds
+
+
 def _env_size(name: str) -> int | None:
     value = os.environ.get(name, "").strip()
     try:
@@ -284,7 +295,8 @@ class Settings:
         hub_admin_scope: The hub scope that makes a hub user an admin of the JupyterHub service, besides hub
             admins (``LEMONKIT_HUB_ADMIN_SCOPE``, ``--hub-admin-scope``; define it in ``c.JupyterHub.custom_scopes``).
         sidecar_timeout: Seconds a sidecar may take to load its model.
-        ping_interval: Seconds of silence before a ``: ping`` comment in a stream.
+        ping_interval: Seconds of silence before a ``: ping`` comment in a stream (``LEMONKIT_PING_INTERVAL``): while
+            a long prompt is evaluated, proxies and clients with idle timeouts see the stream alive.
         allowed_dirs: Server-local directories requests may name.
         recipes: Recipe -> backends table of ``/v1/system-info`` and ``/v1/install`` (default: lemonkit's, with
             the JSON file named by ``LEMONKIT_RECIPES`` merged over it; see
@@ -339,7 +351,7 @@ class Settings:
         default_factory=lambda: os.environ.get("LEMONKIT_HUB_ADMIN_SCOPE", "").strip() or DEFAULT_HUB_ADMIN_SCOPE
     )
     sidecar_timeout: float = 600.0
-    ping_interval: float = 10.0
+    ping_interval: float = field(default_factory=lambda: _env_seconds("LEMONKIT_PING_INTERVAL", 2.0))
     allowed_dirs: tuple[Path, ...] = field(
         default_factory=lambda: tuple(
             Path(p) for p in os.environ.get("LEMONKIT_ALLOWED_DIRS", "").split(os.pathsep) if p.strip()

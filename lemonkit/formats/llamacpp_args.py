@@ -107,6 +107,13 @@ _budget = _at_least(-1, "-1 (no limit), 0 (no reasoning) or a number of tokens")
 _mebibytes = _at_least(-1, "MiB: -1 (no limit), 0 (off) or a size")
 
 
+def _prefill_budget(value: str) -> int | None:
+    """``--prefill-budget``: ``auto`` (measured, None) or the prompt tokens a step takes while others generate."""
+    if value == "auto":
+        return None
+    return _positive(value)
+
+
 def _on_off(value: str) -> bool:
     v = value.lower()
     if v in ("on", "true", "1", "auto", "enabled"):
@@ -176,6 +183,8 @@ for _names, _key, _conv in (
     (("--reasoning-budget",), "reasoning_budget", _budget),
     (("-np", "--parallel"), "n_parallel", int),  # requests generated together (continuous batching)
     (("-cram", "--cache-ram"), "cache_ram", _mebibytes),  # host RAM for prompts evicted from the slots
+    # lemonkit's own: the prompt tokens of a step while other sequences generate (decoding goes first; see batch)
+    (("--prefill-budget",), "prefill_budget", _prefill_budget),
     # speculative decoding (lemonkit.backends.llamacpp.drafts): llama-server's current spellings and its older ones
     (("--spec-type",), "spec_type", _spec_type),
     (("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n"), "draft_max", _positive),

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
-from tests.support.hosts import Host
+from tests.support.hosts import API_KEY, Host, Standalone
 from tests.support.tiny_models import TINY
 from tests.support.waiting import until
 
@@ -322,3 +324,80 @@ async def test_a_prompt_shares_a_busy_slots_prefix_and_answers_as_alone(host: Ho
     assert shared["usage"]["prompt_tokens"] - 12 <= cached < shared["usage"]["prompt_tokens"], shared["usage"]
     async with host.client() as client:
         await _idle(client)
+
+
+async def test_a_stream_keeps_generating_while_a_long_prompt_is_evaluated(host: Host) -> None:
+    """Decoding goes first: with ``--prefill-budget 8`` another request's prompt of ~2,000 tokens is evaluated 8
+    tokens a step, and the running stream gets a token in each of those steps (without the budget: 4 steps of 512,
+    4 tokens). A short prompt sent meanwhile goes ahead of the long one and answers first."""
+    async with host.client() as client:
+        await _load(client, "--parallel 3 --prefill-budget 8")
+        received: list[int] = []
+        started = asyncio.Event()
+
+        async def stream() -> None:
+            body = {**_chat("Tell a long story."), "max_tokens": 1200, "temperature": 0, "stream": True}
+            async with client.stream("POST", "chat/completions", json=body) as response:
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {") and json.loads(line[6:])["choices"]:
+                        received.append(1)
+                        if len(received) == 3:
+                            started.set()
+                        if long_done.is_set():
+                            return  # the client leaves: the test has what it counts
+
+        long_done = asyncio.Event()
+        streaming = asyncio.ensure_future(stream())
+        await asyncio.wait_for(started.wait(), 120)
+        long = {"model": TINY, "prompt": "word " * 1000, "max_tokens": 1, "temperature": 0}
+        before = len(received)
+        evaluated = asyncio.ensure_future(client.post("completions", json=long))
+
+        async def long_admitted() -> bool:
+            return (await _entry(client))["slots"]["busy"] == 2
+
+        await until(long_admitted, "the long prompt to take a slot")
+        short = await client.post("completions", json={**long, "prompt": "hi"})
+        assert short.status_code == 200 and not evaluated.done()  # the short prompt did not wait for the long one
+        answer = await evaluated
+        during = len(received) - before
+        long_done.set()
+        await streaming
+        assert answer.status_code == 200, answer.text
+        prompt_tokens = answer.json()["usage"]["prompt_tokens"]
+        assert prompt_tokens > 900
+        # a step of 8 prompt tokens each, and a token of the stream in every one of them (two steps of slack for
+        # the stream's tokens still on their way when the long answer arrived)
+        assert during >= prompt_tokens // 8 - 2, (during, prompt_tokens)
+        bad = await client.post("load", json={"model_name": TINY, "llamacpp_args": "--prefill-budget 0"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_argument"
+        await _idle(client)
+
+
+@pytest.fixture(scope="module")
+def pinging() -> Iterator[Host]:
+    """A ``lemonkit serve`` that pings a stream after 10 ms of silence."""
+    server = Standalone({"LEMONADE_API_KEY": API_KEY, "LEMONKIT_PING_INTERVAL": "0.01"})
+    yield Host("standalone", server.root, API_KEY)
+    server.stop()
+
+
+async def test_a_stream_waiting_for_its_prompt_hears_pings_that_clients_skip(pinging: Host) -> None:
+    """While a long prompt is evaluated (16 tokens a decode: over a hundred decodes) the stream's headers are out
+    and ``: ping`` comments keep it alive; the openai SDK reads the same answer as a request that is not streamed."""
+    body = {"model": TINY, "prompt": "word " * 1000, "max_tokens": 8, "temperature": 0}
+    async with pinging.client() as client:
+        await _load(client, "--parallel 1 -b 16 -ub 16")
+        lines: list[str] = []
+        async with client.stream("POST", "completions", json={**body, "stream": True}) as response:
+            assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+            lines = [line async for line in response.aiter_lines()]
+        first = next(i for i, line in enumerate(lines) if line.startswith("data: "))
+        assert ": ping" in lines[:first]  # the client heard from the server before the prompt was evaluated
+        assert all(not line or line == ": ping" or line.startswith("data: ") for line in lines), lines
+        streamed = "".join(json.loads(line[6:])["choices"][0]["text"] for line in lines if line.startswith("data: {"))
+        whole = (await client.post("completions", json=body)).json()["choices"][0]["text"]
+    sdk = openai.AsyncOpenAI(base_url=pinging.api, api_key=API_KEY, max_retries=0, timeout=120)
+    chunks = [chunk async for chunk in await sdk.completions.create(**body, stream=True)]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == streamed == whole

@@ -5,9 +5,12 @@ request may still use the whole context. With batch-invariant kernels (:mod:`~le
 the default) a sequence's logits are the same bits whatever else shares its steps and however its prompt is
 chunked, so a request answers exactly as it would alone.
 
-Each step builds one ``llama_batch`` holding every generating slot's last token and then, within the ``n_batch``
-budget left, chunks of newcomers' prompts (chunked prefill: a long prompt never stalls the running streams for more
-than one step). After the decode each slot samples from its own logits row with its own sampler
+Each step builds one ``llama_batch`` holding every generating slot's last token and then chunks of newcomers'
+prompts (chunked prefill), shortest prompt first. Decoding goes first: while any sequence generates, the prompts of a
+step get at most the prefill budget (``--prefill-budget``; by default as many tokens as measured to cost what the
+generating rows' own decode costs, so a stream keeps about half its rate while another request's long prompt is
+evaluated, and the prompt about half of its own; alone, a prompt takes the whole ``n_batch``). After the decode
+each slot samples from its own logits row with its own sampler
 (:class:`~lemonkit.backends.llamacpp.sampler.SeqSampler`) and hands the token to its request's thread, which turns
 tokens into text (:class:`~lemonkit.backends.llamacpp.generation.Generator`).
 
@@ -64,6 +67,10 @@ MIN_SHARED = 16
 #: Prompt tokens a step gives requests of a later priority (a batch's rows) while a more urgent one is under way:
 #: enough that they advance, few enough that the urgent request's steps stay about as short as a decode's.
 BEHIND_PREFILL = 32
+#: Prompt tokens a step gives while sequences generate, before a step's costs were measured (``auto`` budget).
+FIRST_PREFILL = 16
+#: The weight of the newest step in the measured cost of a prompt token (it grows with the prompt's position).
+_COST_WEIGHT = 0.3
 
 #: A generated token as the decode thread hands it over: (token, (logprob, alternatives) or None).
 Token = tuple[int, tuple[float, list[tuple[int, float]]] | None]
@@ -182,6 +189,8 @@ class Batcher:
             (the batcher closes it); None: none.
         retire_seq: With ``spare_seq`` and ``spec``, a sequence id that takes over rejected drafts' cells, so that
             no cell below another sequence's is freed (see :meth:`_retire`).
+        prefill_budget: Prompt tokens a step gives while sequences generate (``--prefill-budget``); None: as many
+            as cost what the generating rows' decode costs (measured, see :meth:`_prefill_room`).
     """
 
     def __init__(
@@ -200,6 +209,7 @@ class Batcher:
         retire_seq: int | None = None,
         draft_model: DraftModel | None = None,
         mtp: MtpHead | None = None,
+        prefill_budget: int | None = None,
     ) -> None:
         import llama_cpp as lc
         import numpy as np
@@ -222,6 +232,9 @@ class Batcher:
         self._spare = spare_seq
         self._turn = turn
         self._n_batch = n_batch - (spare_seq is not None)  # a row stays free for the padding row
+        self._prefill_budget = prefill_budget
+        #: seconds a prompt token adds to a step, from recent steps that evaluated prompts (None: none yet)
+        self._prompt_cost: float | None = None
         self._batch = lc.llama_batch_init(n_batch, 0, 1)
         b = self._batch
         self._tok = np.ctypeslib.as_array(b.token, shape=(n_batch,))
@@ -633,8 +646,15 @@ class Batcher:
             self._generate(generating)
             return
         planned: list[tuple[_Slot, list[int]]] = [(slot, [slot.last, *slot.draft]) for slot in generating]
-        room = self._n_batch - sum(len(rows) for _, rows in planned)
-        filling = sorted((s for s in self._order if s.last < 0 and s.pending), key=_priority)
+        rows = sum(len(rows) for _, rows in planned)
+        room = self._n_batch - rows
+        if rows:  # decoding goes first: the prompts get the budget's tokens of this step
+            room = min(room, self._prefill_room(rows))
+        # the shortest prompt first (a question sent while a pasted paper is evaluated answers at once), within
+        # the order of priority
+        filling = sorted(
+            (s for s in self._order if s.last < 0 and s.pending), key=lambda s: (_priority(s), len(s.pending))
+        )
         behind = 0 if alone else BEHIND_PREFILL
         for slot in filling:
             later = _priority(slot) > urgent
@@ -655,11 +675,40 @@ class Batcher:
             # a decode of generating rows and drafts only prices drafts (draft_length) by its rows. It runs on -tb:
             # trying thread counts for each size a draft makes would cost more than it could find.
             priced = all(slot.last >= 0 for slot, _ in part)
+            prompt_rows = sum(len(rows) for slot, rows in part if slot.last < 0)
             self._short = False
             if not self._run(part, n):
                 return
             if priced and not self._short:
                 self.costs.price(n, self._decode_s)
+            elif prompt_rows and not self._short:
+                self._price_prompt(n - prompt_rows, prompt_rows)
+
+    def _prefill_room(self, rows: int) -> int:
+        """The prompt tokens a step of ``rows`` generating rows takes besides: ``--prefill-budget``, or as many as
+        the measured cost of a prompt token fits in the time those rows' own decode measured (the step then takes
+        about twice a generating step: the streams keep about half their rate). Until the generating rows' decode
+        was measured the step has none, so that it is."""
+        if self._prefill_budget is not None:
+            return self._prefill_budget
+        decode = self.costs.curve(rows)[rows]
+        if decode is None:
+            return 0
+        if self._prompt_cost is None:
+            return FIRST_PREFILL
+        if decode >= self._prompt_cost * self._n_batch:  # also a prompt token measured to add nothing
+            return self._n_batch
+        return max(1, int(decode / self._prompt_cost))
+
+    def _price_prompt(self, rows: int, prompt_rows: int) -> None:
+        """A decode of ``rows`` generating rows and ``prompt_rows`` prompt tokens took ``self._decode_s``: what a
+        prompt token adds (the generating rows' part as :meth:`StepCosts.curve` expects it)."""
+        decode = self.costs.curve(rows)[rows] if rows else 0.0
+        if decode is None:
+            return
+        cost = max(0.0, self._decode_s - decode) / prompt_rows
+        last = self._prompt_cost
+        self._prompt_cost = cost if last is None else last + _COST_WEIGHT * (cost - last)
 
     def _lay(self, part: list[tuple[_Slot, list[int]]]) -> int:
         """Fill the batch from row 0 with ``part``; how many rows it took. Every row of a generating slot gives

@@ -141,6 +141,7 @@ class LlamaCppEngine:
         self._sampling = Sampling.from_args(args)
         n_parallel = args.pop("n_parallel", DEFAULT_N_PARALLEL)
         cache_ram = args.pop("cache_ram", DEFAULT_CACHE_RAM)
+        prefill_budget = args.pop("prefill_budget", None)
         #: an MTP head in a file of its own (a Gemma 4 assistant: the row's "draft" checkpoint, or -md with draft-mtp)
         self._head_path: str | None = spec.get("mtp_path")
         speculation = self._speculation_settings(args, spec.get("draft_path"), spec.get("labels") or ())
@@ -264,6 +265,7 @@ class LlamaCppEngine:
             invariant=self.batch_invariant,
             turn=self._turn,
             cache_ram=cache_ram * 2**20 if cache_ram > 0 else cache_ram,
+            prefill_budget=prefill_budget,
             spec=speculation,
             draft_model=draft_model,
             mtp=mtp,

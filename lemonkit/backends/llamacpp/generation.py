@@ -215,6 +215,7 @@ class Generator:
         invariant: The model runs on batch-invariant kernels; the batcher keeps the extra sequence for padding.
         turn: Entered around every decode: CPU cores for its threads.
         cache_ram: Bytes of host memory for prompts evicted from the slots (0: none, negative: no bound).
+        prefill_budget: Prompt tokens a step takes while sequences generate (None: measured).
         spec: Speculative decoding; with ``invariant`` the context holds one more sequence for rejected drafts.
         draft_model: The draft model of ``draft-simple`` (closed with the generator), or None.
         mtp: The MTP head of ``draft-mtp`` (closed with the generator), or None.
@@ -230,6 +231,7 @@ class Generator:
         invariant: bool = False,
         turn: Turn = any_cores,
         cache_ram: int = 0,
+        prefill_budget: int | None = None,
         spec: SpecSettings | None = None,
         draft_model: DraftModel | None = None,
         mtp: MtpHead | None = None,
@@ -260,6 +262,7 @@ class Generator:
             spare_seq=n_parallel if invariant else None,
             turn=turn,
             cache_ram=cache_ram,
+            prefill_budget=prefill_budget,
             spec=spec,
             retire_seq=n_parallel + 1 if invariant and spec is not None and spec.on else None,
             draft_model=draft_model,
