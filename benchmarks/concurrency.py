@@ -2,7 +2,8 @@
 
     python benchmarks/concurrency.py [--streams 1,2,4,8] [--tokens 96] [--rounds 3] [--threads 2] [--ctx 4096]
                                      [--duration 5] [--busy 1]
-                                     [--sections streams,busy,single,kernels,probe,embed,sidecars]
+                                     [--sections streams,busy,single,kernels,long,probe,embed,sidecars]
+                                     [--long-tokens 7000] [--long-ctx 12288]
                                      [--build-only]
                                      [--lemonkit-args "--no-batch-invariant"] [--llama-server-huge-pages]
 
@@ -29,6 +30,12 @@ single: one stream's decode rate (first token to last, at the client) through le
 kernels: what batch-invariant decoding costs, lemonkit's llama.cpp engine in this process with its default
     (batch-invariant) kernels against ``--no-batch-invariant`` (ggml's fastest kernels, repacked weights): prompt
     tok/s of a 500-token prompt (``timings.prompt_per_second``) and one stream's decode tok/s.
+long: a long prompt (``--long-tokens``, a chat UI's first page with its tools, a pasted paper; context
+    ``--long-ctx``, 2 slots in one unified KV cache on both servers). Its time to first token alone (lemonkit with its
+    default kernels, with ``--no-batch-invariant``, and llama-server), then sent while another stream generates: that
+    stream's tok/s while the prompt is evaluated against its tok/s alone, its longest silence meanwhile, and how much
+    the stream delays the long prompt. lemonkit's batcher gives a prompt a bounded share of each step while others
+    generate (``--prefill-budget``, measured by default); llama-server fills each step with its batch.
 probe: ``/live`` of lemonkit and ``/health`` of llama-server under ``wrk -t2 -c16`` (requests/s and p99 latency),
     idle and while 2 generations stream through that server, with the server process's CPU share meanwhile. Without
     wrk on PATH a small Python load generator stands in, and the table says so: its own CPU cost caps what it sees.
@@ -54,6 +61,7 @@ import bisect
 import contextlib
 import http.client
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -86,7 +94,7 @@ from tests.support.llama_cpp_server import free_port
 PROMPT = "The history of the printing press begins"
 GEMMA = "Gemma-3-270m-GGUF"
 PROBE_CONNECTIONS = 16
-SECTIONS = ("streams", "busy", "single", "kernels", "probe", "embed", "sidecars")
+SECTIONS = ("streams", "busy", "single", "kernels", "long", "probe", "embed", "sidecars")
 
 
 def _cache_root() -> Path:
@@ -237,12 +245,14 @@ def llama_server_cpu_flags() -> list[str]:
 
 
 def _llama_server(
-    binary: Path, gguf: Path, parallel: int, threads: int, ctx: int, *, huge_pages: bool = False
+    binary: Path, gguf: Path, parallel: int, threads: int, ctx: int, *, huge_pages: bool = False, unified: bool = False
 ) -> Contender:
     port = free_port()
     command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads)]
     command += ["-tb", str(threads), "-c", str(ctx), "--parallel", str(parallel), "-b", "512", "-ub", "512"]
     command += ["-fa", "on", "--no-webui", *llama_server_cpu_flags()]
+    if unified:  # one KV cache for every slot, as lemonkit's batcher keeps (llama-server splits it with --parallel)
+        command += ["--kv-unified"]
     env = server_env()
     if huge_pages:  # what lemonkit's sidecar does: the weights read in (not mapped), glibc's malloc on huge pages
         command += ["--load-mode", "none"]
@@ -494,6 +504,109 @@ def bench_kernels(gguf: Path, args: Any) -> None:
     for mode, (pp, tg) in med.items():
         print(f"  {mode:22} {pp:12.1f} {tg:12.1f}")
     print(f"  {'ratio':22} {inv[0] / fast[0]:12.3f} {inv[1] / fast[1]:12.3f}")
+
+
+# --------------------------------------------------------------------------------------------- long prompts
+
+
+def _long_prompt(i: int, tokens: int) -> str:
+    """About ``tokens`` tokens, starting with ``i`` so that no slot's cache holds a prefix of it."""
+    return f"{i}. " + " ".join([PROMPT] * max(1, tokens // 8))
+
+
+def _first_token(contender: Contender, prompt: str) -> tuple[float, int]:
+    """Seconds to a long prompt's one generated token (evaluating it is nearly all of it), and its prompt tokens."""
+    body = {"model": contender.model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "cache_prompt": False}
+    start = time.perf_counter()
+    response = httpx.post(f"{contender.api}/completions", json=body, timeout=None)
+    response.raise_for_status()
+    return time.perf_counter() - start, int(response.json()["usage"]["prompt_tokens"])
+
+
+@dataclass(frozen=True)
+class During:
+    """A stream's tokens while a long prompt was evaluated beside it."""
+
+    ttft: float  # the long prompt's seconds to its first token
+    rate: float  # the stream's tokens/s meanwhile
+    gap: float  # the stream's longest silence meanwhile, seconds
+    lasted: bool  # the stream was still generating when the long prompt's token came
+
+
+def _during(contender: Contender, prompt: str) -> During:
+    stamps: list[float] = []
+    stop = threading.Event()
+
+    def stream() -> None:
+        body = _request(contender, 6000)
+        with httpx.stream("POST", f"{contender.api}/completions", json=body, timeout=None) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if line.startswith("data: {") and _text(json.loads(line[6:])):
+                    stamps.append(time.perf_counter())
+                if stop.is_set():
+                    return
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    while len(stamps) < 16 and thread.is_alive():
+        time.sleep(0.01)  # a benchmark's wait for the stream to be under way, not a synchronisation in a test
+    start = time.perf_counter()
+    ttft, _ = _first_token(contender, prompt)
+    end = start + ttft
+    stop.set()
+    thread.join()
+    inside = [start, *(s for s in stamps if start <= s <= end), end]
+    gap = max(b - a for a, b in itertools.pairwise(inside))
+    return During(ttft, (len(inside) - 2) / ttft, gap, bool(stamps) and stamps[-1] >= end)
+
+
+def bench_long(lk: Lemonkit, binary: Path | None, gguf: Path, args: Any) -> None:
+    lk.ctx, lk.parallel = args.long_ctx, 0  # reloaded with the long context
+    modes = {"lemonkit": lk.extra, "lemonkit --no-batch-invariant": f"{lk.extra} --no-batch-invariant".strip()}
+    rows: dict[str, dict[str, Any]] = {}
+    prompt_id = 0
+    print(f"\nlong: a prompt of about {args.long_tokens} tokens, context {args.long_ctx}, 2 slots")
+    for name, extra in [*modes.items(), ("llama-server", None)]:
+        if extra is not None:
+            lk.extra, lk.parallel = extra, 0
+            lk.load(2)
+            contender = lk.contender
+        elif binary is not None:
+            contender = _llama_server(binary, gguf, 2, args.threads, args.long_ctx, unified=True)
+        else:
+            continue
+        try:
+            _stream(contender, 8)  # warm up
+            solo = statistics.median(_stream(contender, args.tokens).decode_rate for _ in range(3))
+            prompt_id += 1
+            alone, n = _first_token(contender, _long_prompt(prompt_id, args.long_tokens))
+            during = None
+            if name != "lemonkit --no-batch-invariant":
+                prompt_id += 1
+                during = _during(contender, _long_prompt(prompt_id, args.long_tokens))
+            rows[name] = {"solo": solo, "alone": alone, "n": n, "during": during}
+            d = (
+                f"stream {during.rate:6.1f} tok/s ({during.rate / solo:.2f} of alone {solo:.1f}), longest silence "
+                f"{during.gap:5.1f} s, first token {during.ttft:6.1f} s ({during.ttft / alone:.2f} of alone)"
+                f"{'' if during.lasted else ' [the stream ended first]'}"
+                if during is not None
+                else ""
+            )
+            print(f"  {name:30} {n} prompt tokens, first token alone {alone:6.1f} s ({n / alone:6.1f} tok/s)  {d}")
+        finally:
+            if extra is None:
+                contender.stop()
+    lk.extra = modes["lemonkit"]
+    if "llama-server" in rows:
+        base = rows["llama-server"]["alone"]
+        for name in modes:
+            print(f"  first token alone, {name} / llama-server: {rows[name]['alone'] / base:.3f}")
+    print(
+        f"  first token alone, lemonkit / --no-batch-invariant: "
+        f"{rows['lemonkit']['alone'] / rows['lemonkit --no-batch-invariant']['alone']:.3f}",
+        flush=True,
+    )
 
 
 # --------------------------------------------------------------------------------------------- probe load
@@ -769,6 +882,8 @@ def _against_servers(home: Path, binary: Path | None, sections: list[str], args:
             bench_kernels(gguf, args)
         if "single" in sections:
             bench_single(lk, gguf, args)
+        if "long" in sections:
+            bench_long(lk, binary, gguf, args)
         if "probe" in sections:
             bench_probe(lk, server, args)
     finally:
@@ -786,6 +901,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds per measurement; the median is shown")
     parser.add_argument("--threads", type=int, default=2, help="engine threads, every contender")
     parser.add_argument("--ctx", type=int, default=4096, help="context size, every contender (llama-server's -c)")
+    parser.add_argument("--long-tokens", type=int, default=7000, help="prompt tokens of the long section")
+    parser.add_argument("--long-ctx", type=int, default=12288, help="context size of the long section")
     parser.add_argument("--duration", type=float, default=5, help="seconds of each probe load")
     parser.add_argument("--busy", type=int, default=1, help="busy processes of the busy section")
     parser.add_argument("--sentences", type=int, default=64, help="inputs of the embed section")
@@ -809,11 +926,11 @@ def main() -> None:
         return
     run_as_sidecar()  # the single, kernels and embed sections build the engine in this process
     print(f"load averages at start: {_loadavg()}")
-    wanted = not args.no_llama_server and {"streams", "busy", "probe"} & set(sections)
+    wanted = not args.no_llama_server and {"streams", "busy", "long", "probe"} & set(sections)
     binary = llama_server_binary() if wanted else None
     home = _cache_root()
     home.mkdir(parents=True, exist_ok=True)
-    if {"streams", "busy", "single", "kernels", "probe"} & set(sections):
+    if {"streams", "busy", "single", "kernels", "long", "probe"} & set(sections):
         _against_servers(home, binary, sections, args)
     if "sidecars" in sections:
         from lemonkit.catalog.registry import Registry
