@@ -71,6 +71,8 @@ BEHIND_PREFILL = 32
 FIRST_PREFILL = 16
 #: The weight of the newest step in the measured cost of a prompt token (it grows with the prompt's position).
 _COST_WEIGHT = 0.3
+#: Steps between two steps left to the generating rows alone while their decode has not been measured.
+_MEASURE_EVERY = 16
 
 #: A generated token as the decode thread hands it over: (token, (logprob, alternatives) or None).
 Token = tuple[int, tuple[float, list[tuple[int, float]]] | None]
@@ -235,6 +237,7 @@ class Batcher:
         self._prefill_budget = prefill_budget
         #: seconds a prompt token adds to a step, from recent steps that evaluated prompts (None: none yet)
         self._prompt_cost: float | None = None
+        self._unmeasured = 0  # steps that found the generating rows' decode unmeasured
         self._batch = lc.llama_batch_init(n_batch, 0, 1)
         b = self._batch
         self._tok = np.ctypeslib.as_array(b.token, shape=(n_batch,))
@@ -688,12 +691,14 @@ class Batcher:
         """The prompt tokens a step of ``rows`` generating rows takes besides: ``--prefill-budget``, or as many as
         the measured cost of a prompt token fits in the time those rows' own decode measured (the step then takes
         about twice a generating step: the streams keep about half their rate). Until the generating rows' decode
-        was measured the step has none, so that it is."""
+        was measured, one step in :data:`_MEASURE_EVERY` has no prompt tokens, so that it is (a decode that got
+        fewer cores than it asked for is not measured), and the others take :data:`FIRST_PREFILL`."""
         if self._prefill_budget is not None:
             return self._prefill_budget
         decode = self.costs.curve(rows)[rows]
         if decode is None:
-            return 0
+            self._unmeasured += 1
+            return 0 if self._unmeasured % _MEASURE_EVERY == 1 else FIRST_PREFILL
         if self._prompt_cost is None:
             return FIRST_PREFILL
         if decode >= self._prompt_cost * self._n_batch:  # also a prompt token measured to add nothing
