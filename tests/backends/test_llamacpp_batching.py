@@ -308,8 +308,8 @@ def _text(chunks: Iterator[dict[str, Any]]) -> str:
 @pytest.mark.parametrize("model", ["tiny-f32", "smollm2-q4_1"])
 def test_a_sequences_logprobs_are_the_same_bits_in_any_batch_and_any_chunking(tiny_path: Path, model: str) -> None:
     """A ~600-token prompt's greedy answer with its top logprobs (functions of the logits: the same floats only from
-    the same bits), alone in chunks of 512 prompt tokens, equals the answer with the prompt evaluated 1, 7 and 64
-    tokens a step, and beside 1, 2, 7 and 15 other sequences (batches of 2, 3, 8 and 16) whose prompts share its
+    the same bits), alone in chunks of 512 prompt tokens, equals the answer with the prompt evaluated 1 (the float
+    model; the answer's own steps are one row each), 7 and 64 tokens a step, and beside 1, 2, 7 and 15 other sequences (batches of 2, 3, 8 and 16) whose prompts share its
     steps; on a float model (llamafile's sgemm from two rows on) and a quantized one (the bundled SmolLM2, Q4_1).
     Attention runs over more than 512 cells and more than 64 query rows a step: ggml's tiled and split-KV kernels'
     shapes."""
@@ -317,13 +317,13 @@ def test_a_sequences_logprobs_are_the_same_bits_in_any_batch_and_any_chunking(ti
 
     path = tiny_path if model == "tiny-f32" else smollm2_path()
     target = "the quick brown fox jumps over the lazy dog and " * 60
-    probe = {"max_tokens": 6, "temperature": 0, "logprobs": 5}
+    probe = {"max_tokens": 4, "temperature": 0, "logprobs": 5}
 
     def answer(args: str, others: int = 0) -> Any:
         engine = _engine(path, args)
         try:
             assert engine.info()["batch_invariant"] is True
-            prompts = [f"{i} jumps over the lazy dog " * (3 + 5 * i) for i in range(others)]
+            prompts = [f"{i} jumps over the lazy dog " * (3 + i) for i in range(others)]
             result = (
                 _together(engine, [*prompts, target], **probe)[-1] if others else _complete(engine, target, **probe)
             )
@@ -333,7 +333,7 @@ def test_a_sequences_logprobs_are_the_same_bits_in_any_batch_and_any_chunking(ti
             engine.close()
 
     alone = answer("--parallel 1 -b 513")
-    for chunk in (1, 7, 64):
+    for chunk in (1, 7, 64) if model == "tiny-f32" else (7, 64):  # one row a step: the answer's own decode steps
         assert answer(f"--parallel 1 -b {chunk + 1}") == alone, f"chunks of {chunk}"  # one row is the padding's
     for others in (1, 2, 7, 15):
         assert answer("--parallel 16 -b 513", others) == alone, f"a batch of {others + 1}"
