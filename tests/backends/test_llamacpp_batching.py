@@ -309,10 +309,10 @@ def _text(chunks: Iterator[dict[str, Any]]) -> str:
 def test_a_sequences_logprobs_are_the_same_bits_in_any_batch_and_any_chunking(tiny_path: Path, model: str) -> None:
     """A ~600-token prompt's greedy answer with its top logprobs (functions of the logits: the same floats only from
     the same bits), alone in chunks of 512 prompt tokens, equals the answer with the prompt evaluated 1 (the float
-    model; the answer's own steps are one row each), 7 and 64 tokens a step, and beside 1, 2, 7 and 15 other sequences (batches of 2, 3, 8 and 16) whose prompts share its
-    steps; on a float model (llamafile's sgemm from two rows on) and a quantized one (the bundled SmolLM2, Q4_1).
-    Attention runs over more than 512 cells and more than 64 query rows a step: ggml's tiled and split-KV kernels'
-    shapes."""
+    model; the answer's own steps are one row each), 7 and 64 tokens a step, and beside 1, 2, 7 and 15 other
+    sequences (batches of 2, 3, 8 and 16) whose prompts share its steps; on a float model (llamafile's sgemm from
+    two rows on) and a quantized one (the bundled SmolLM2, Q4_1). Attention runs over more than 512 cells and more
+    than 64 query rows a step: ggml's tiled and split-KV kernels' shapes."""
     from tests.support.llama_cpp_server import smollm2_path
 
     path = tiny_path if model == "tiny-f32" else smollm2_path()
