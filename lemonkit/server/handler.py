@@ -169,9 +169,13 @@ class LemonkitHandler(_Base):
         return schemas.validate(self.schema, body) if self.schema is not None else body
 
     def write_json(self, data: Any, status: int = 200) -> None:
+        self.write_encoded(json.dumps(data), status)
+
+    def write_encoded(self, payload: str, status: int = 200) -> None:
+        """A JSON body encoded already (an answer the answer cache kept in the same bytes)."""
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(data))
+        self.finish(payload)
 
     # -- server-sent events --------------------------------------------------------------------------------------
 

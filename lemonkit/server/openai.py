@@ -176,11 +176,12 @@ class ModelRouteHandler(LemonkitHandler):
         key, self._cache_key = self._cache_key, None
         if data is None or key is None:
             return
+        payload = json.dumps(data)  # once: the cache keeps the bytes the client gets
         try:
-            await asyncio.to_thread(self.service.answers.put, self.caller.name, key, json.dumps(data).encode())
+            await asyncio.to_thread(self.service.answers.put, self.caller.name, key, payload.encode())
         except (OSError, ValueError) as exc:
             log.warning("the answer cache could not keep an answer: %s", exc)
-        super().write_json(data)
+        self.write_encoded(payload)
 
     def check_applicable(self, info: ModelInfo) -> None:
         if info.type not in self.serves:
