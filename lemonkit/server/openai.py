@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+from tornado.iostream import StreamClosedError
 
 from lemonkit.catalog.model_info import a_model_of
 from lemonkit.catalog.registry import COLLECTION_OMNI, ModelInfo
@@ -69,6 +70,8 @@ class ModelRouteHandler(LemonkitHandler):
     cache_route: str | None = None
     #: whether the route samples (embeddings and rerank do not: their answers are always deterministic)
     samples = True
+    #: whether the cache keeps the route's streams too (as their events: answer_cache.kept_stream)
+    cache_streams = False
     _cache_key: str | None = None
     _held: Any = None
 
@@ -90,7 +93,8 @@ class ModelRouteHandler(LemonkitHandler):
 
     def _cache_wanted(self, body: dict[str, Any]) -> bool:
         """Whether to answer ``body`` from the cache and keep its answer: asked for (the ``cache`` field, else the
-        ``X-Lemonkit-Cache: use`` header), on a route that caches, for a deterministic request answered whole.
+        ``X-Lemonkit-Cache: use`` header), on a route that caches, for a deterministic request (streamed where the
+        route keeps streams).
         Takes ``cache`` out of ``body`` (the engine does not know it).
 
         Raises:
@@ -106,7 +110,7 @@ class ModelRouteHandler(LemonkitHandler):
         return (
             asked
             and self.service.answers.enabled
-            and not body.get("stream")
+            and (not body.get("stream") or self.cache_streams)
             and answer_cache.deterministic(body, samples=self.samples)
             and self.cacheable(body)
         )
@@ -115,33 +119,41 @@ class ModelRouteHandler(LemonkitHandler):
         """Whether the route's answer to ``body`` depends on nothing but the request and the model."""
         return True
 
-    async def _lookup(self, model: LoadedModel, body: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
-        """``body``'s key and the cache's answer (``None``: not there), marked as a cached answer. Weights whose
-        sha256 is unknown (a large file outside the hub cache) have no key: never cached."""
+    async def _lookup(self, model: LoadedModel, body: dict[str, Any]) -> tuple[str | None, bytes | None]:
+        """``body``'s key and the cache's bytes for it (``None``: not there). Weights whose sha256 is unknown (a
+        large file outside the hub cache) have no key: never cached."""
         facts = json.loads(await provenance.header_value(model))
         if facts.get("file_sha256") is None:
             return None, None
         key = answer_cache.key(self.cache_route or "", facts, body)
-        data = await asyncio.to_thread(self.service.answers.get, self.caller.name, key)
-        if data is None:
-            return key, None
+        return key, await asyncio.to_thread(self.service.answers.get, self.caller.name, key)
+
+    @staticmethod
+    def _marked(data: bytes) -> dict[str, Any]:
+        """A kept whole answer, marked as a cached answer."""
         answer: dict[str, Any] = json.loads(data)
         if isinstance(answer.get("usage"), dict):
             answer["usage"]["cached_answer"] = True
-        return key, answer
+        return answer
 
     async def _from_cache(self, model: LoadedModel, body: dict[str, Any]) -> bool:
-        """Answer from the cache when it holds the answer; else note the key, so :meth:`write_json` keeps the
-        answer."""
-        key, answer = await self._lookup(model, body)
-        if answer is None:
+        """Answer from the cache when it holds the answer; else note the key, so :meth:`write_json` (or, for a
+        stream, :meth:`pump`) keeps the answer."""
+        key, data = await self._lookup(model, body)
+        if data is None:
             self._cache_key = key
             if key is not None:
                 self.set_header(answer_cache.HEADER, "miss")
             return False
         self.set_header(provenance.HEADER, await provenance.header_value(model))
         self.set_header(answer_cache.HEADER, "hit")
-        super().write_json(answer)
+        if body.get("stream"):
+            await self.sse_open()
+            with contextlib.suppress(StreamClosedError):
+                await self.sse_write(answer_cache.replayed_stream(data))
+                self.finish()
+            return True
+        super().write_json(self._marked(data))
         return True
 
     async def cached(self, body: dict[str, Any]) -> dict[str, Any] | None:
@@ -156,13 +168,15 @@ class ModelRouteHandler(LemonkitHandler):
             body = schemas.validate(self.schema, body)
         info = await self.service.usable(body["model"])
         self.check_applicable(info)
-        if info.recipe == COLLECTION_OMNI or not self._cache_wanted(body):
+        if info.recipe == COLLECTION_OMNI or body.get("stream") or not self._cache_wanted(body):
             return None
         model = self.service.manager.loaded(info.id)
         if model is None:
             async with self.service.manager.use(info.id) as model:
-                return (await self._lookup(model, body))[1]
-        return (await self._lookup(model, body))[1]
+                data = (await self._lookup(model, body))[1]
+        else:
+            data = (await self._lookup(model, body))[1]
+        return None if data is None else self._marked(data)
 
     def write_json(self, data: Any, status: int = 200) -> None:
         if self._cache_key is not None and status == 200:
@@ -182,6 +196,33 @@ class ModelRouteHandler(LemonkitHandler):
         except (OSError, ValueError) as exc:
             log.warning("the answer cache could not keep an answer: %s", exc)
         self.write_encoded(payload)
+
+    def _can_hand_off(self, model: LoadedModel) -> bool:
+        # a stream the cache keeps passes through here (pump), where its events are seen
+        return self._cache_key is None and super()._can_hand_off(model)
+
+    async def pump(self, frames: AsyncIterator[bytes]) -> None:
+        if self._cache_key is None:
+            await super().pump(frames)
+            return
+        await super().pump(self._keeping(frames, self._cache_key))
+
+    async def _keeping(self, frames: AsyncIterator[bytes], key: str) -> AsyncIterator[bytes]:
+        """``frames`` as they come; a stream that ends whole is kept in the answer cache before its last frame goes
+        out, so the same request sent once this one has ended is a hit. A client that leaves ends this generator
+        before that: nothing is kept."""
+        self._cache_key = None  # kept here, not by write_json
+        sent = bytearray()
+        async for frame in frames:
+            sent += frame
+            if sent.endswith(sse.DONE):
+                kept = answer_cache.kept_stream(bytes(sent))
+                if kept is not None:
+                    try:
+                        await asyncio.to_thread(self.service.answers.put, self.caller.name, key, kept)
+                    except (OSError, ValueError) as exc:
+                        log.warning("the answer cache could not keep a stream: %s", exc)
+            yield frame
 
     def check_applicable(self, info: ModelInfo) -> None:
         if info.type not in self.serves:
@@ -211,6 +252,7 @@ class ChatCompletionsHandler(InferenceHandler):
     schema = "chat/completions"
     sidecar_path = "/v1/chat/completions"
     cache_route = "chat/completions"
+    cache_streams = True
 
     async def serve_on(self, info: ModelInfo, body: dict[str, Any]) -> None:
         if info.recipe == COLLECTION_OMNI:  # the server-side tool loop over the collection's components
@@ -223,6 +265,7 @@ class CompletionsHandler(InferenceHandler):
     schema = "completions"
     sidecar_path = "/v1/completions"
     cache_route = "completions"
+    cache_streams = True
 
 
 class ResponsesHandler(InferenceHandler):
@@ -231,6 +274,7 @@ class ResponsesHandler(InferenceHandler):
     schema = "responses"
     sidecar_path = "/v1/chat/completions"
     cache_route = "responses"
+    cache_streams = True
     _history: list[dict[str, Any]] = []
 
     def cacheable(self, body: dict[str, Any]) -> bool:

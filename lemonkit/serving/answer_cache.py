@@ -6,6 +6,11 @@ revision), the recipe options the model runs with, and the request itself with w
 (``stream``, ``stream_options``, ``user``, ``cache``). Only a deterministic request is kept: greedy
 (``temperature`` 0) or seeded sampling, or a route with no sampling (embeddings, rerank).
 
+A streamed request is kept as its stream: the SSE events of a stream that ended with ``[DONE]`` and no error, pings
+left out (:func:`kept_stream`), under a key of its own (with its ``stream_options``), and replayed as those events
+(:func:`replayed_stream`). Rebuilding a whole answer from its deltas, or deltas from a whole answer, would give
+something other than what the first client got.
+
 Answers live in ``<cache>/answers/<user>/<key[:2]>/<key>.json`` (the user as a hash; a personal server has one),
 written atomically. Each user's answers are bounded in bytes (``answer_cache_bytes``); the least recently used go
 first. The index of what a user has is read from disk on first use, so a restarted server keeps its cache.
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lemonkit.catalog.hf_cache import inside, safe_relpath
+from lemonkit.formats import sse
 from lemonkit.formats.files import atomic_write_bytes
 
 __all__ = ["HEADER", "AnswerCache", "deterministic", "key"]
@@ -48,11 +54,59 @@ def deterministic(body: dict[str, Any], *, samples: bool = True) -> bool:
 
 def key(route: str, model: dict[str, Any], body: dict[str, Any]) -> str:
     """The cache key of ``body`` sent to ``route`` of the model described by ``model`` (its provenance facts:
-    ``file_sha256``, ``revision``, ``recipe_options``, ``engine``)."""
+    ``file_sha256``, ``revision``, ``recipe_options``, ``engine``). A streamed request's key is not its whole
+    answer's: the two are kept apart, each as the client got it."""
     request = {k: v for k, v in body.items() if k not in _IGNORED}
+    if body.get("stream"):
+        request["stream"] = body.get("stream_options") or True  # include_usage changes the events
     facts = {k: model.get(k) for k in ("model", "file_sha256", "revision", "recipe_options", "engine")}
     canonical = json.dumps({"route": route, "model": facts, "request": request}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _data(frame: bytes) -> Any:
+    """The JSON of one SSE frame's ``data`` (``None``: a comment, ``[DONE]``, or not JSON)."""
+    lines = [line[5:].lstrip() for line in frame.split(b"\n") if line.startswith(b"data:")]
+    if not lines or lines == [b"[DONE]"]:
+        return None
+    try:
+        return json.loads(b"\n".join(lines))
+    except ValueError:
+        return None
+
+
+def kept_stream(raw: bytes) -> bytes | None:
+    """What the cache keeps of the SSE bytes a stream sent: its events without pings, when it ended with
+    ``[DONE]`` and carried no error event (``None``: a stream cut short or failed is never kept)."""
+    if not raw.endswith(sse.DONE):
+        return None
+    frames = [f for f in raw.split(b"\n\n") if f.strip() and not f.startswith(b":")]
+    for f in frames:
+        data = _data(f)
+        if isinstance(data, dict) and "error" in data:
+            return None
+    return b"".join(f + b"\n\n" for f in frames)
+
+
+def replayed_stream(kept: bytes) -> bytes:
+    """A kept stream as sent again: the same events, the usage it reports marked ``cached_answer``."""
+    out = []
+    for f in kept.split(b"\n\n"):
+        if not f:
+            continue
+        data = _data(f)
+        marked = []
+        if isinstance(data, dict):
+            response = data.get("response")  # the Responses API's events carry the response
+            usages = [data.get("usage"), response.get("usage") if isinstance(response, dict) else None]
+            marked = [u for u in usages if isinstance(u, dict)]
+        if marked:
+            for usage in marked:
+                usage["cached_answer"] = True
+            head = b"".join(line + b"\n" for line in f.split(b"\n") if not line.startswith(b"data:"))
+            f = head + b"data: " + json.dumps(data).encode()
+        out.append(f + b"\n\n")
+    return b"".join(out)
 
 
 @dataclass

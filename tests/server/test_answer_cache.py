@@ -4,13 +4,14 @@ never cached; ``/v1/cache`` tells and clears. The bound (least recently used fir
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from lemonkit.serving.answer_cache import AnswerCache, deterministic, key
+from lemonkit.serving.answer_cache import AnswerCache, deterministic, kept_stream, key, replayed_stream
 from tests.support.hosts import Host
 from tests.support.tiny_models import EMBED, TINY
 
@@ -62,6 +63,86 @@ async def test_a_deterministic_request_is_answered_from_the_cache(host: Host) ->
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_argument"
 
 
+def _events(response: httpx.Response) -> list[dict[str, Any]]:
+    return [json.loads(line[len("data: ") :]) for line in response.text.split("\n") if line.startswith("data: {")]
+
+
+async def test_a_stream_is_kept_and_replayed_as_the_same_events(host: Host) -> None:
+    async with host.client() as client:
+        assert (await client.delete("cache")).status_code == 200
+        body = {**CHAT, "temperature": 0, "cache": True, "stream": True, "stream_options": {"include_usage": True}}
+        first = await _post(client, "chat/completions", body)
+        assert first.headers["X-Lemonkit-Cache"] == "miss"
+        second = await _post(client, "chat/completions", body)
+        assert second.headers["X-Lemonkit-Cache"] == "hit"
+        assert second.headers["Content-Type"].startswith("text/event-stream")
+        assert second.text.endswith("data: [DONE]\n\n") and ": ping" not in second.text
+        kept, replayed = _events(first), _events(second)
+        assert len(kept) >= 3 and replayed[-1]["usage"].pop("cached_answer") is True
+        assert replayed == kept  # the first stream's events, ids and timings included
+        streamed = "".join(e["choices"][0]["delta"].get("content") or "" for e in kept if e["choices"])
+        assert streamed
+
+        # a stream and a whole answer are kept apart, and include_usage is part of the request
+        whole = await _post(client, "chat/completions", {**CHAT, "temperature": 0, "cache": True})
+        assert whole.headers["X-Lemonkit-Cache"] == "miss"
+        assert whole.json()["choices"][0]["message"]["content"] == streamed
+        without_usage = await _post(client, "chat/completions", {**body, "stream_options": {"include_usage": False}})
+        assert without_usage.headers["X-Lemonkit-Cache"] == "miss"
+        assert all(e.get("usage") is None for e in _events(without_usage))
+        assert (await client.get("cache")).json()["entries"] == 3
+
+    # the openai SDK reads a replayed stream as any other, on the chat and the Responses routes
+    sdk = host.openai()
+    texts = []
+    for expected in ("miss", "hit"):
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model=TINY, messages=CHAT["messages"], max_tokens=8, temperature=0, stream=True, extra_body={"cache": True}
+        )
+        assert raw.headers["X-Lemonkit-Cache"] == expected
+        texts.append("".join([c.choices[0].delta.content or "" async for c in raw.parse() if c.choices]))
+    assert texts == [streamed, streamed]
+    replies = []
+    for expected in ("miss", "hit"):
+        raw = await sdk.responses.with_raw_response.create(
+            model=TINY,
+            input="Name a fruit.",
+            max_output_tokens=8,
+            temperature=0,
+            stream=True,
+            extra_body={"cache": True},
+        )
+        assert raw.headers["X-Lemonkit-Cache"] == expected
+        events = [e async for e in raw.parse()]
+        done = [e for e in events if e.type == "response.completed"]
+        assert len(done) == 1 and events[0].type == "response.created"
+        replies.append((done[0].response.id, done[0].response.output_text))
+    assert replies[0] == replies[1] and replies[0][1]
+
+
+def test_only_a_whole_stream_is_kept_and_its_usage_is_marked_when_replayed() -> None:
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    chunk = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
+    whole = (
+        chunk
+        + b": ping\n\n"
+        + b"data: "
+        + json.dumps({"choices": [], "usage": usage}).encode()
+        + b"\n\ndata: [DONE]\n\n"
+    )
+    kept = kept_stream(whole)
+    assert kept is not None and b"ping" not in kept and kept.endswith(b"data: [DONE]\n\n")
+    assert kept_stream(chunk) is None  # cut short
+    assert kept_stream(chunk + b'data: {"error": {"message": "x"}}\n\ndata: [DONE]\n\n') is None
+    replayed = replayed_stream(kept)
+    assert replayed.startswith(chunk)
+    assert json.loads(replayed.split(b"\n\n")[1][len(b"data: ") :])["usage"] == {**usage, "cached_answer": True}
+    completed = b"event: response.completed\ndata: " + json.dumps({"response": {"id": "r", "usage": usage}}).encode()
+    marked = replayed_stream(completed + b"\n\n").split(b"\n")
+    assert marked[0] == b"event: response.completed"
+    assert json.loads(marked[1][len(b"data: ") :])["response"]["usage"]["cached_answer"] is True
+
+
 async def test_embeddings_are_cached_whatever_their_fields(host: Host) -> None:
     async with host.client() as raw:
         assert (await raw.delete("cache")).status_code == 200  # both hosts share the session's cache
@@ -91,6 +172,11 @@ def test_the_key_is_what_decides_the_answer() -> None:
     assert key("chat/completions", {**model, "file_sha256": "b" * 64}, body) != base
     assert key("chat/completions", {**model, "recipe_options": {"ctx_size": 1024}}, body) != base
     assert key("chat/completions", model, {**body, "seed": 1}) != base
+    streamed = key("chat/completions", model, {**body, "stream": True})
+    assert streamed != base  # a stream is kept as its events, apart from the whole answer
+    assert (
+        key("chat/completions", model, {**body, "stream": True, "stream_options": {"include_usage": True}}) != streamed
+    )
 
 
 def test_the_bound_drops_the_least_recently_used(tmp_path: Path) -> None:
