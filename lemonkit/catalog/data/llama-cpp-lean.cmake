@@ -17,7 +17,9 @@ set(_lemonkit_fa_anchor "static void ggml_compute_forward_flash_attn_ext_f16(
         const ggml_compute_params * params,
         ggml_tensor * dst) {
 ")
-if(EXISTS "${_lemonkit_fa_ops}")
+if(NOT EXISTS "${CMAKE_CURRENT_LIST_DIR}/lemonkit-invariant-fa.inc")
+    message(WARNING "lemonkit: lemonkit-invariant-fa.inc is missing; flash attention left unpatched")
+elseif(EXISTS "${_lemonkit_fa_ops}")
     file(READ "${_lemonkit_fa_ops}" _lemonkit_fa_src)
     string(FIND "${_lemonkit_fa_src}" "lemonkit-invariant-fa.inc" _lemonkit_fa_done)
     string(FIND "${_lemonkit_fa_src}" "${_lemonkit_fa_anchor}" _lemonkit_fa_at)
