@@ -28,7 +28,7 @@ from typing import Any
 
 from lemonkit.errors import KernelsUnavailable
 
-__all__ = ["reference_kernels"]
+__all__ = ["patched_attention", "reference_kernels"]
 
 #: ``init_backend``'s place in ggml's ``struct ggml_backend_device_i`` (get_name, get_description, get_memory,
 #: get_type, get_props, init_backend, ...), the first member of ``struct ggml_backend_device``.
@@ -110,3 +110,23 @@ def reference_kernels() -> Iterator[list[int]]:
             yield switched
         finally:
             table[_INIT_BACKEND] = ctypes.cast(original, ctypes.c_void_p).value
+
+
+def patched_attention() -> bool:
+    """Whether the loaded ggml-cpu carries lemonkit's batch-invariant flash attention.
+
+    ``llama-cpp-lean.cmake`` patches it in at build time (``lemonkit-invariant-fa.inc``) and exports
+    ``lemonkit_invariant_fa_version``; a wheel built without it (pip's cache can hand one back) lacks the symbol, and
+    its reference mode falls back to ggml's per-row attention (as invariant, slower on long prompts).
+    """
+    from llama_cpp._ctypes_extensions import load_shared_library
+    from llama_cpp._ggml import libggml_base_path
+
+    try:
+        cpu = load_shared_library("ggml-cpu", libggml_base_path)
+        version = cpu.lemonkit_invariant_fa_version
+    except (OSError, AttributeError, FileNotFoundError):
+        return False
+    version.argtypes = []
+    version.restype = ctypes.c_int
+    return bool(version() >= 1)

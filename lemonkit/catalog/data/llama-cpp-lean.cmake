@@ -5,3 +5,36 @@
 # (policy CMP0126), so this turns them off without patching the sdist. Vision (mtmd) and every model
 # architecture stay.
 set(LLAMA_BUILD_COMMON OFF)
+
+# Batch-invariant flash attention for ggml's CPU reference mode (the mode lemonkit switches on for batch invariance):
+# lemonkit-invariant-fa.inc is copied next to ggml-cpu's ops.cpp and #included there, and the flash-attention entry
+# calls it first when use_ref is set. The anchor is the exact text of the llama.cpp that llama-cpp-python 0.3.36
+# vendors; any other text leaves the source as it is (the build then has plain reference attention, and no
+# lemonkit_invariant_fa_version symbol for lemonkit to find).
+set(_lemonkit_fa_dir "${CMAKE_CURRENT_SOURCE_DIR}/vendor/llama.cpp/ggml/src/ggml-cpu")
+set(_lemonkit_fa_ops "${_lemonkit_fa_dir}/ops.cpp")
+set(_lemonkit_fa_anchor "static void ggml_compute_forward_flash_attn_ext_f16(
+        const ggml_compute_params * params,
+        ggml_tensor * dst) {
+")
+if(NOT EXISTS "${CMAKE_CURRENT_LIST_DIR}/lemonkit-invariant-fa.inc")
+    message(WARNING "lemonkit: lemonkit-invariant-fa.inc is missing; flash attention left unpatched")
+elseif(EXISTS "${_lemonkit_fa_ops}")
+    file(READ "${_lemonkit_fa_ops}" _lemonkit_fa_src)
+    string(FIND "${_lemonkit_fa_src}" "lemonkit-invariant-fa.inc" _lemonkit_fa_done)
+    string(FIND "${_lemonkit_fa_src}" "${_lemonkit_fa_anchor}" _lemonkit_fa_at)
+    if(NOT _lemonkit_fa_done EQUAL -1)
+        file(COPY "${CMAKE_CURRENT_LIST_DIR}/lemonkit-invariant-fa.inc" DESTINATION "${_lemonkit_fa_dir}")
+        message(STATUS "lemonkit: ggml-cpu flash attention already patched")
+    elseif(_lemonkit_fa_at EQUAL -1)
+        message(WARNING "lemonkit: ggml-cpu/ops.cpp is not the expected llama.cpp; flash attention left unpatched")
+    else()
+        file(COPY "${CMAKE_CURRENT_LIST_DIR}/lemonkit-invariant-fa.inc" DESTINATION "${_lemonkit_fa_dir}")
+        string(REPLACE "${_lemonkit_fa_anchor}" "#include \"lemonkit-invariant-fa.inc\"
+
+${_lemonkit_fa_anchor}    if (params->use_ref && lk_fa_invariant(params, dst)) { return; }
+" _lemonkit_fa_src "${_lemonkit_fa_src}")
+        file(WRITE "${_lemonkit_fa_ops}" "${_lemonkit_fa_src}")
+        message(STATUS "lemonkit: ggml-cpu flash attention patched for batch invariance")
+    endif()
+endif()
