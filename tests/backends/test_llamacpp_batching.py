@@ -9,6 +9,7 @@ between a running stream and a newcomer is only observable without the HTTP hops
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import llama_cpp as lc
 import pytest
 
 from lemonkit.backends.llamacpp import LlamaCppEngine
+from lemonkit.backends.llamacpp.kernels import patched_attention
 from lemonkit.backends.llamacpp.step_costs import Step, StepCosts
 from lemonkit.errors import InvalidArgument, ModelLoadError
 from lemonkit.testing.tiny_gguf import write_tiny_llama
@@ -159,6 +161,8 @@ def test_answers_do_not_depend_on_the_batch_or_on_earlier_requests(tiny_path: Pa
     engine = _engine(tiny_path, "--parallel 4 -b 64")
     try:
         assert engine.info()["batch_invariant"] is True
+        # lemonkit's own attention kernel where the build carries it; CI builds llama-cpp-python with it, always
+        assert engine.info()["invariant_attention"] is (True if os.environ.get("CI") else patched_attention())
         probe = {"temperature": 0.9, "seed": 3}
         target = "the quick brown fox " * 30  # a few chunks of 64
         first = _complete(engine, target, **probe)

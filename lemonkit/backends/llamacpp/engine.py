@@ -44,7 +44,7 @@ from lemonkit.backends.llamacpp.draft_model import DraftModel
 from lemonkit.backends.llamacpp.drafts import SpecSettings
 from lemonkit.backends.llamacpp.generation import Generator, Sampling, check_arg, top_logprobs
 from lemonkit.backends.llamacpp.jobs import Job
-from lemonkit.backends.llamacpp.kernels import reference_kernels
+from lemonkit.backends.llamacpp.kernels import patched_attention, reference_kernels
 from lemonkit.backends.llamacpp.mtp import MtpHead, mtp_layers
 from lemonkit.backends.llamacpp.sampler import ReasoningBudget
 from lemonkit.backends.llamacpp.vision import Vision, decode_data_url
@@ -416,6 +416,7 @@ class LlamaCppEngine:
         repack = args.pop("repack", None)
         self._invariant_asked = bool(asked)
         self._invariant = False
+        self.invariant_attention = False
         offloaded = self._offload["layers"] > 0
         if asked and offloaded:
             raise InvalidArgument(
@@ -447,6 +448,13 @@ class LlamaCppEngine:
                     log.warning("no batch-invariant kernels, answers may depend on the batch: %s", exc)
             yield int(switched is not None)
         self._invariant = bool(switched)
+        self.invariant_attention = self._invariant and patched_attention()
+        if self._invariant and not self.invariant_attention:
+            log.warning(
+                "this llama-cpp-python build lacks lemonkit's batch-invariant attention (built without "
+                "llama-cpp-lean.cmake, or a wheel pip cached from before): answers stay batch-invariant, long prompts "
+                "run at half speed; rebuild it with the README's first command and pip's --no-cache-dir"
+            )
 
     def _setup_chat_format(self, override: str | None, chat_format: str | None) -> None:
         from llama_cpp import llama_chat_format
@@ -492,6 +500,7 @@ class LlamaCppEngine:
             "flash_attn": bool(self._kwargs["flash_attn"]),
             "mmap": bool(self._kwargs["use_mmap"]),
             "batch_invariant": self.batch_invariant,
+            "invariant_attention": self.batch_invariant and self.invariant_attention,
             "device": "gpu" if self._offload["layers"] else "cpu",
             "backend": str((self.spec.get("options") or {}).get("llamacpp_backend") or "cpu"),
             "devices": [d.info() for d in self._devices],

@@ -9,7 +9,9 @@ ggml picks its CPU kernels by batch shape, and they round differently:
 - Float (F32/F16/BF16) matrices go through llamafile's sgemm from 2 rows on and ``vec_dot`` for one row. The batcher
   pads a lone row with a throwaway one for models where that changes the logits (it probes at load).
 - Attention visits a unified KV cache's cells in index order: the batcher keeps each sequence's cells in position
-  order (``Batcher._compact``).
+  order (``Batcher._compact``). In reference mode ggml's per-row attention is replaced, where the build carries it
+  (:func:`patched_attention`), by lemonkit's tiled batch-invariant one (``catalog/data/lemonkit-invariant-fa.inc``):
+  prompt processing at about the speed of ggml's fastest kernels instead of half of it.
 
 Measured on Gemma 3 270M (Q4_K_M, 2 threads, ``benchmarks/concurrency.py --sections kernels``): decoding as fast,
 prompt processing about a quarter slower; logits bit-identical alone and among other sequences, for any chunking.
