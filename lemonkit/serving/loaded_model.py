@@ -114,8 +114,11 @@ class LoadedModel:
 
     def health(self) -> dict[str, Any]:
         """Its entry in ``/v1/health``'s ``all_models_loaded``."""
+        # where it runs, and on which kernels (whether its answers are batch-invariant, and with lemonkit's attention)
         placement: dict[str, Any] = {
-            k: self.engine_info[k] for k in ("backend", "devices", "offload") if k in self.engine_info
+            k: self.engine_info[k]
+            for k in ("backend", "devices", "offload", "batch_invariant", "invariant_attention")
+            if k in self.engine_info
         }
         return {
             "model_name": self.name,

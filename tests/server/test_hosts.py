@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import socket
 
 import httpx
 import pytest
 
+from lemonkit.backends.llamacpp.kernels import patched_attention
 from tests.support.hosts import Host
 from tests.support.tiny_models import GEMMA, TINY
 
@@ -91,6 +93,9 @@ async def test_load_health_unload(host: Host) -> None:
         (loaded,) = health["all_models_loaded"]
         assert loaded["model_name"] == TINY and loaded["recipe"] == "llamacpp" and loaded["type"] == "llm"
         assert loaded["recipe_options"]["ctx_size"] == 256 and loaded["pid"] > 0 and loaded["backend_url"]
+        # the kernels it runs on: batch-invariant, with lemonkit's attention wherever the build has it (CI's does)
+        assert loaded["batch_invariant"] is True
+        assert loaded["invariant_attention"] is (True if os.environ.get("CI") else patched_attention())
         assert health["model_loaded"] == TINY and health["max_models"]["llm"] == -1
         model = (await client.get(f"models/{TINY}")).json()
         assert model["context_length"] == 256
