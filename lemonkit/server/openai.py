@@ -216,13 +216,16 @@ class ModelRouteHandler(LemonkitHandler):
         async for frame in frames:
             sent += frame
             if sent.endswith(sse.DONE):
-                kept = answer_cache.kept_stream(bytes(sent))
-                if kept is not None:
-                    try:
-                        await asyncio.to_thread(self.service.answers.put, self.caller.name, key, kept)
-                    except (OSError, ValueError) as exc:
-                        log.warning("the answer cache could not keep a stream: %s", exc)
+                try:  # off the event loop: reading a long stream's events back takes a while
+                    await asyncio.to_thread(self._keep_stream, key, bytes(sent))
+                except (OSError, ValueError) as exc:
+                    log.warning("the answer cache could not keep a stream: %s", exc)
             yield frame
+
+    def _keep_stream(self, key: str, sent: bytes) -> None:
+        kept = answer_cache.kept_stream(sent)
+        if kept is not None:
+            self.service.answers.put(self.caller.name, key, kept)
 
     def check_applicable(self, info: ModelInfo) -> None:
         if info.type not in self.serves:
