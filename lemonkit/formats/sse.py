@@ -27,3 +27,14 @@ def comment(text: str) -> bytes:
     """A comment frame (a line starting with ``:``), passed on as it came."""
     line = text if text.startswith(":") else ": " + text
     return (line + "\n\n").encode()
+
+
+def frame_data(raw: bytes) -> Any:
+    """The JSON of one frame's ``data`` (``None``: a comment, ``[DONE]``, or not JSON)."""
+    lines = [line[5:].lstrip() for line in raw.split(b"\n") if line.startswith(b"data:")]
+    if not lines or lines == [b"[DONE]"]:
+        return None
+    try:
+        return json.loads(b"\n".join(lines))
+    except ValueError:
+        return None

@@ -64,17 +64,6 @@ def key(route: str, model: dict[str, Any], body: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _data(frame: bytes) -> Any:
-    """The JSON of one SSE frame's ``data`` (``None``: a comment, ``[DONE]``, or not JSON)."""
-    lines = [line[5:].lstrip() for line in frame.split(b"\n") if line.startswith(b"data:")]
-    if not lines or lines == [b"[DONE]"]:
-        return None
-    try:
-        return json.loads(b"\n".join(lines))
-    except ValueError:
-        return None
-
-
 def kept_stream(raw: bytes) -> bytes | None:
     """What the cache keeps of the SSE bytes a stream sent: its events without pings, when it ended with
     ``[DONE]`` and carried no error event (``None``: a stream cut short or failed is never kept)."""
@@ -82,7 +71,7 @@ def kept_stream(raw: bytes) -> bytes | None:
         return None
     frames = [f for f in raw.split(b"\n\n") if f.strip() and not f.startswith(b":")]
     for f in frames:
-        data = _data(f)
+        data = sse.frame_data(f)
         if isinstance(data, dict) and "error" in data:
             return None
     return b"".join(f + b"\n\n" for f in frames)
@@ -94,7 +83,7 @@ def replayed_stream(kept: bytes) -> bytes:
     for f in kept.split(b"\n\n"):
         if not f:
             continue
-        data = _data(f)
+        data = sse.frame_data(f)
         marked = []
         if isinstance(data, dict):
             response = data.get("response")  # the Responses API's events carry the response
