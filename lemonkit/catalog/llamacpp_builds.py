@@ -65,6 +65,11 @@ def lean_cmake() -> Path:
     return Path(__file__).parent / "data" / "llama-cpp-lean.cmake"
 
 
+def invariant_attention_source() -> Path:
+    """lemonkit's batch-invariant flash attention, which ``llama-cpp-lean.cmake`` patches into ggml-cpu."""
+    return Path(__file__).parent / "data" / "lemonkit-invariant-fa.inc"
+
+
 @dataclass(frozen=True)
 class Missing:
     """A prerequisite a build needs and this machine lacks.
@@ -101,8 +106,12 @@ class Plan:
 
     def key(self, version: str) -> str:
         """Names the wheel these flags make of ``version`` on this machine (flags and CPU decide its code)."""
-        # the lean include's path is where lemonkit is installed, not a property of the build
-        args = ["lean" if a.startswith("-DCMAKE_PROJECT_llama_cpp_INCLUDE=") else a for a in self.cmake_args]
+        # the lean include's path is where lemonkit is installed, not a property of the build; what it and the kernel
+        # it patches in say is (another lemonkit's kernel makes another wheel)
+        lean = (
+            "lean:" + hashlib.sha256(lean_cmake().read_bytes() + invariant_attention_source().read_bytes()).hexdigest()
+        )
+        args = [lean if a.startswith("-DCMAKE_PROJECT_llama_cpp_INCLUDE=") else a for a in self.cmake_args]
         text = json.dumps([version, args, platform.machine(), platform.system()])
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 

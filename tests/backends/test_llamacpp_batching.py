@@ -19,7 +19,8 @@ import llama_cpp as lc
 import pytest
 
 from lemonkit.backends.llamacpp import LlamaCppEngine
-from lemonkit.backends.llamacpp.kernels import patched_attention
+from lemonkit.backends.llamacpp import kernels
+from lemonkit.backends.llamacpp.kernels import attention_build, patched_attention
 from lemonkit.backends.llamacpp.step_costs import Step, StepCosts
 from lemonkit.errors import InvalidArgument, ModelLoadError
 from lemonkit.testing.tiny_gguf import write_tiny_llama
@@ -161,8 +162,10 @@ def test_answers_do_not_depend_on_the_batch_or_on_earlier_requests(tiny_path: Pa
     engine = _engine(tiny_path, "--parallel 4 -b 64")
     try:
         assert engine.info()["batch_invariant"] is True
-        # lemonkit's own attention kernel where the build carries it; CI builds llama-cpp-python with it, always
+        # lemonkit's own attention kernel where the build carries it; CI builds llama-cpp-python with this lemonkit's
         assert engine.info()["invariant_attention"] is (True if os.environ.get("CI") else patched_attention())
+        if os.environ.get("CI"):
+            assert attention_build() == "current"
         probe = {"temperature": 0.9, "seed": 3}
         target = "the quick brown fox " * 30  # a few chunks of 64
         first = _complete(engine, target, **probe)
@@ -341,3 +344,22 @@ def test_a_sequences_logprobs_are_the_same_bits_in_any_batch_and_any_chunking(ti
         assert answer(f"--parallel 1 -b {chunk + 1}") == alone, f"chunks of {chunk}"  # one row is the padding's
     for others in (1, 2, 7, 15):
         assert answer("--parallel 16 -b 513", others) == alone, f"a batch of {others + 1}"
+
+
+def test_a_build_of_another_lemonkits_kernel_is_told_apart_and_named_with_its_rebuild(
+    tiny_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The build names the kernel source it was made from: one from another lemonkit's is "older" (still lemonkit's
+    attention, still invariant), and a load says which commands build this lemonkit's."""
+    monkeypatch.setattr(kernels, "_kernel_source_sha256", lambda: "0" * 64)
+    assert attention_build() == ("older" if patched_attention() else "missing")
+    engine = _engine(tiny_path, "--parallel 2")
+    try:
+        assert engine.info()["batch_invariant"] is True
+        assert engine.info()["invariant_attention"] is patched_attention()
+    finally:
+        engine.close()
+    warning = "carries an older lemonkit's" if patched_attention() else "lacks lemonkit's"
+    assert warning in caplog.text
+    assert "pip cache remove llama_cpp_python" in caplog.text and "--force-reinstall --no-deps" in caplog.text
+    assert f"llama-cpp-python=={lc.__version__}" in caplog.text and "llama-cpp-lean.cmake" in caplog.text

@@ -177,6 +177,13 @@ def test_wheel_key_follows_the_flags_not_where_lemonkit_lives(tmp_path: Path) ->
     assert plan.key("0.3.36") != plan.key("0.3.37")
     other = llamacpp_builds.Plan("cpu", (*plan.cmake_args, "-DGGML_NATIVE=off"))
     assert other.key("0.3.36") != plan.key("0.3.36")
+    # another lemonkit's attention kernel (which the include patches in) makes another wheel
+    kernel = tmp_path / "lemonkit-invariant-fa.inc"
+    kernel.write_bytes(llamacpp_builds.invariant_attention_source().read_bytes() + b"// changed\n")
+    before = plan.key("0.3.36")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(llamacpp_builds, "invariant_attention_source", lambda: kernel)
+        assert plan.key("0.3.36") != before
 
 
 def test_an_installed_build_is_whole_or_absent(tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ from lemonkit.backends.llamacpp.draft_model import DraftModel
 from lemonkit.backends.llamacpp.drafts import SpecSettings
 from lemonkit.backends.llamacpp.generation import Generator, Sampling, check_arg, top_logprobs
 from lemonkit.backends.llamacpp.jobs import Job
-from lemonkit.backends.llamacpp.kernels import patched_attention, reference_kernels
+from lemonkit.backends.llamacpp.kernels import attention_build, rebuild_command, reference_kernels
 from lemonkit.backends.llamacpp.mtp import MtpHead, mtp_layers
 from lemonkit.backends.llamacpp.sampler import ReasoningBudget
 from lemonkit.backends.llamacpp.vision import Vision, decode_data_url
@@ -448,12 +448,17 @@ class LlamaCppEngine:
                     log.warning("no batch-invariant kernels, answers may depend on the batch: %s", exc)
             yield int(switched is not None)
         self._invariant = bool(switched)
-        self.invariant_attention = self._invariant and patched_attention()
-        if self._invariant and not self.invariant_attention:
+        build = attention_build() if self._invariant else "missing"
+        self.invariant_attention = build != "missing"
+        if self._invariant and build != "current":
             log.warning(
-                "this llama-cpp-python build lacks lemonkit's batch-invariant attention (built without "
-                "llama-cpp-lean.cmake, or a wheel pip cached from before): answers stay batch-invariant, long prompts "
-                "run at half speed; rebuild it with the README's first command and pip's --no-cache-dir"
+                "this llama-cpp-python build %s: answers stay batch-invariant, %s. Rebuild it: %s",
+                "carries an older lemonkit's batch-invariant attention"
+                if build == "older"
+                else "lacks lemonkit's batch-invariant attention (built without llama-cpp-lean.cmake, or a wheel pip "
+                "cached from before)",
+                "at that kernel's speed" if build == "older" else "long prompts at half speed",
+                rebuild_command(),
             )
 
     def _setup_chat_format(self, override: str | None, chat_format: str | None) -> None:

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 from lemonkit.errors import KernelsUnavailable
 
-__all__ = ["patched_attention", "reference_kernels"]
+__all__ = ["attention_build", "patched_attention", "reference_kernels"]
 
 #: ``init_backend``'s place in ggml's ``struct ggml_backend_device_i`` (get_name, get_description, get_memory,
 #: get_type, get_props, init_backend, ...), the first member of ``struct ggml_backend_device``.
@@ -114,12 +115,14 @@ def reference_kernels() -> Iterator[list[int]]:
             table[_INIT_BACKEND] = ctypes.cast(original, ctypes.c_void_p).value
 
 
-def patched_attention() -> bool:
-    """Whether the loaded ggml-cpu carries lemonkit's batch-invariant flash attention.
+def attention_build() -> str:
+    """Which of lemonkit's batch-invariant flash attention the loaded ggml-cpu carries.
 
-    ``llama-cpp-lean.cmake`` patches it in at build time (``lemonkit-invariant-fa.inc``) and exports
-    ``lemonkit_invariant_fa_version``; a wheel built without it (pip's cache can hand one back) lacks the symbol, and
-    its reference mode falls back to ggml's per-row attention (as invariant, slower on long prompts).
+    ``"current"``: the kernel of this lemonkit's ``lemonkit-invariant-fa.inc`` (``llama-cpp-lean.cmake`` patches it
+    in at build time and exports the SHA-256 of the file it was made from); ``"older"``: the kernel of another
+    lemonkit (pip's wheel cache keys on the sdist alone, so a reinstall can hand back a wheel built before an
+    update); ``"missing"``: a build without it, whose reference mode runs ggml's per-row attention (as invariant,
+    half as fast on long prompts).
     """
     from llama_cpp._ctypes_extensions import load_shared_library
     from llama_cpp._ggml import libggml_base_path
@@ -128,7 +131,45 @@ def patched_attention() -> bool:
         cpu = load_shared_library("ggml-cpu", libggml_base_path)
         version = cpu.lemonkit_invariant_fa_version
     except (OSError, AttributeError, FileNotFoundError):
-        return False
+        return "missing"
     version.argtypes = []
     version.restype = ctypes.c_int
-    return bool(version() >= 1)
+    if version() < 1:
+        return "missing"
+    try:
+        source = cpu.lemonkit_invariant_fa_source
+    except AttributeError:  # built by a lemonkit from before the kernel named its source
+        return "older"
+    source.argtypes = []
+    source.restype = ctypes.c_char_p
+    return "current" if (source() or b"").decode() == _kernel_source_sha256() else "older"
+
+
+def patched_attention() -> bool:
+    """Whether the loaded ggml-cpu carries lemonkit's batch-invariant flash attention (any lemonkit's)."""
+    return attention_build() != "missing"
+
+
+def rebuild_command() -> str:
+    """The shell commands that rebuild the installed llama-cpp-python with this lemonkit's kernel.
+
+    pip's cached wheel goes first: pip would hand it back, whatever ``CMAKE_ARGS`` say.
+    """
+    import sys
+
+    import llama_cpp
+
+    from lemonkit.catalog import llamacpp_builds
+
+    pip = f"{sys.executable} -m pip"
+    include = f"-DCMAKE_PROJECT_llama_cpp_INCLUDE={llamacpp_builds.lean_cmake()}"
+    return (
+        f"{pip} cache remove llama_cpp_python; CMAKE_ARGS={include!r} "
+        f"{pip} install --force-reinstall --no-deps llama-cpp-python=={llama_cpp.__version__}"
+    )
+
+
+def _kernel_source_sha256() -> str:
+    from lemonkit.catalog import llamacpp_builds
+
+    return hashlib.sha256(llamacpp_builds.invariant_attention_source().read_bytes()).hexdigest()

@@ -17,19 +17,26 @@ set(_lemonkit_fa_anchor "static void ggml_compute_forward_flash_attn_ext_f16(
         const ggml_compute_params * params,
         ggml_tensor * dst) {
 ")
-if(NOT EXISTS "${CMAKE_CURRENT_LIST_DIR}/lemonkit-invariant-fa.inc")
+# The copy starts with the SHA-256 of the .inc it was made from, which the build exports (lemonkit_invariant_fa_source):
+# lemonkit compares it with its own .inc to tell a wheel built from an older kernel (pip's wheel cache keys on the
+# sdist, not on CMAKE_ARGS or this file, so it can hand one back).
+set(_lemonkit_fa_inc "${CMAKE_CURRENT_LIST_DIR}/lemonkit-invariant-fa.inc")
+if(NOT EXISTS "${_lemonkit_fa_inc}")
     message(WARNING "lemonkit: lemonkit-invariant-fa.inc is missing; flash attention left unpatched")
 elseif(EXISTS "${_lemonkit_fa_ops}")
     file(READ "${_lemonkit_fa_ops}" _lemonkit_fa_src)
     string(FIND "${_lemonkit_fa_src}" "lemonkit-invariant-fa.inc" _lemonkit_fa_done)
     string(FIND "${_lemonkit_fa_src}" "${_lemonkit_fa_anchor}" _lemonkit_fa_at)
+    file(SHA256 "${_lemonkit_fa_inc}" _lemonkit_fa_sha256)
+    file(READ "${_lemonkit_fa_inc}" _lemonkit_fa_code)
+    set(_lemonkit_fa_copy "#define LK_FA_SOURCE_SHA256 \"${_lemonkit_fa_sha256}\"\n${_lemonkit_fa_code}")
     if(NOT _lemonkit_fa_done EQUAL -1)
-        file(COPY "${CMAKE_CURRENT_LIST_DIR}/lemonkit-invariant-fa.inc" DESTINATION "${_lemonkit_fa_dir}")
+        file(WRITE "${_lemonkit_fa_dir}/lemonkit-invariant-fa.inc" "${_lemonkit_fa_copy}")
         message(STATUS "lemonkit: ggml-cpu flash attention already patched")
     elseif(_lemonkit_fa_at EQUAL -1)
         message(WARNING "lemonkit: ggml-cpu/ops.cpp is not the expected llama.cpp; flash attention left unpatched")
     else()
-        file(COPY "${CMAKE_CURRENT_LIST_DIR}/lemonkit-invariant-fa.inc" DESTINATION "${_lemonkit_fa_dir}")
+        file(WRITE "${_lemonkit_fa_dir}/lemonkit-invariant-fa.inc" "${_lemonkit_fa_copy}")
         string(REPLACE "${_lemonkit_fa_anchor}" "#include \"lemonkit-invariant-fa.inc\"
 
 ${_lemonkit_fa_anchor}    if (params->use_ref && lk_fa_invariant(params, dst)) { return; }
