@@ -18,9 +18,9 @@ from typing import Any
 import llama_cpp as lc
 import pytest
 
-from lemonkit.backends.llamacpp import LlamaCppEngine
-from lemonkit.backends.llamacpp import kernels
+from lemonkit.backends.llamacpp import LlamaCppEngine, kernels
 from lemonkit.backends.llamacpp.kernels import attention_build, patched_attention
+from lemonkit.backends.llamacpp.prompt_cache import common_prefix
 from lemonkit.backends.llamacpp.step_costs import Step, StepCosts
 from lemonkit.errors import InvalidArgument, ModelLoadError
 from lemonkit.testing.tiny_gguf import write_tiny_llama
@@ -180,6 +180,33 @@ def test_answers_do_not_depend_on_the_batch_or_on_earlier_requests(tiny_path: Pa
         assert cached["choices"] == first["choices"]
     finally:
         engine.close()
+
+
+def test_rows_of_one_template_admitted_together_evaluate_its_instruction_once(tiny_path: Path) -> None:
+    """Four prompts sharing a long instruction arrive in one step on four idle slots: the first evaluates the
+    instruction (in several chunks), the others wait for it, share its cells and evaluate only their own rows; each
+    answer is the one it has alone on a fresh engine."""
+    instruction = "Label the sentiment of the review below as positive or negative. " * 8
+    rows = [instruction + f"Review {i}: {text}" for i, text in enumerate(("great", "awful", "fine", "boring"))]
+    probe = {"temperature": 0.9, "seed": 5}
+    alone = _engine(tiny_path, "--parallel 1")
+    try:
+        expected = [_complete(alone, row, **probe)["choices"] for row in rows]
+        tokens = [alone._gen.tokenize(row) for row in rows]
+    finally:
+        alone.close()
+    shared = {common_prefix(a, b) for a in tokens for b in tokens if a is not b}
+    assert len(shared) == 1 and next(iter(shared)) > 64  # one instruction, longer than a chunk
+    engine = _engine(tiny_path, "--parallel 4 -b 64")
+    try:
+        results = _together(engine, rows, **probe)
+    finally:
+        engine.close()
+    assert [r["choices"] for r in results] == expected
+    cached = sorted(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in results)
+    assert cached == [0, *[next(iter(shared))] * 3]
+    evaluated = sum(r["timings"]["prompt_n"] for r in results)
+    assert evaluated == sum(len(t) for t in tokens) - 3 * next(iter(shared))
 
 
 class _Forced(StepCosts):

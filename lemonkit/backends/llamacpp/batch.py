@@ -126,6 +126,9 @@ class _Slot:
     idx: int = -1  # its logits row in this step's batch (-1: none)
     drafts: SeqDrafts | None = None  # with speculative decoding
     draft: list[int] = field(default_factory=list)  # this step's draft, decoded after ``last``
+    #: (leader slot, its request, tokens shared): this prompt waits for the leader's to get that far, then shares
+    #: its cells (rows of one template admitted together evaluate the instruction once, not once per slot)
+    follow: tuple[_Slot, Seq, int] | None = None
 
 
 def _priority(slot: _Slot) -> int:
@@ -514,8 +517,46 @@ class Batcher:
         slot.pending = tokens[reuse:]
         slot.last = -1
         slot.limit = self._limit(job.max_tokens, len(tokens))
+        slot.follow = self._leader(slot, tokens, reuse) if job.cache_prompt else None
         run.cached = reuse
         run.prompt_tokens = len(tokens)
+
+    def _leader(self, slot: _Slot, tokens: list[int], held: int) -> tuple[_Slot, Seq, int] | None:
+        """Another slot whose prompt, still being evaluated, will hold a longer prefix of ``tokens`` than the
+        ``held`` tokens ``slot`` holds, by :data:`MIN_SHARED` or more: ``slot`` waits for it to get there and shares
+        its cells then (:meth:`_from_neighbour`), instead of evaluating the same tokens beside it. Only a leader as
+        urgent or more (a less urgent prompt takes few tokens a step while others generate)."""
+        if self._recurrent or self._mtp is not None:
+            return None
+        assert slot.seq is not None
+        best: tuple[_Slot, Seq, int] | None = None
+        for other in self._slots:
+            seq = other.seq
+            if other is slot or seq is None or other.last >= 0 or not other.pending or not other.reusable:
+                continue
+            if seq.job.images or seq.job.priority > slot.seq.job.priority:
+                continue
+            n = min(common_prefix(other.tokens + other.pending, tokens), len(tokens) - 1)
+            if best is None or n > best[2] or (n == best[2] and best[0].follow is not None):
+                best = (other, seq, n)
+        if best is None or best[2] < max(held + MIN_SHARED, SIMILARITY * len(tokens)):
+            return None
+        return best
+
+    def _catch_up(self) -> None:
+        """Followers whose leader got far enough (or went away) take their shared prefix and go on alone."""
+        for slot in self._order:
+            if slot.follow is None:
+                continue
+            leader, seq, shared = slot.follow
+            if leader.seq is seq and not seq.done and len(leader.tokens) < shared:
+                continue  # not there yet
+            slot.follow = None
+            assert slot.seq is not None
+            tokens, held = slot.seq.job.tokens, slot.n_past
+            if self._from_neighbour(slot, tokens, held) > held:
+                slot.pending = tokens[slot.n_past :]
+                slot.seq.run.cached = slot.n_past
 
     def _from_ram(self, slot: _Slot, tokens: list[int], prefix: int) -> int:
         """Before ``slot``'s cache is cut back to ``prefix`` tokens of ``tokens``: save it to the RAM cache, and
@@ -636,6 +677,7 @@ class Batcher:
                 self._end(slot, End("cancelled"))
         if not self._order:
             return
+        self._catch_up()
         # a more urgent request's prompt is evaluated in a step of the most urgent requests alone (it answers as
         # soon as it would on an idle model); while one generates, a less urgent prompt takes at most
         # BEHIND_PREFILL tokens a step, so its steps stay short
@@ -660,6 +702,8 @@ class Batcher:
         )
         behind = 0 if alone else BEHIND_PREFILL
         for slot in filling:
+            if slot.follow is not None:
+                continue  # its leader evaluates what they share first
             later = _priority(slot) > urgent
             chunk = slot.pending[: min(room, behind) if later else room]
             if not chunk:
@@ -1004,7 +1048,7 @@ class Batcher:
     def _release(self, slot: _Slot) -> None:
         if slot.sampler is not None:
             slot.sampler.close()
-        slot.seq, slot.sampler, slot.pending, slot.last, slot.idx = None, None, [], -1, -1
+        slot.seq, slot.sampler, slot.pending, slot.last, slot.idx, slot.follow = None, None, [], -1, -1, None
         if slot in self._order:
             self._order.remove(slot)
 
