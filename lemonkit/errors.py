@@ -52,6 +52,8 @@ from typing import Any
 __all__ = [
     "AdminRequired",
     "BackendError",
+    "BackendNotInstalled",
+    "BackendUnavailable",
     "BackendUnsupported",
     "BodyError",
     "DownloadError",
@@ -75,6 +77,7 @@ __all__ = [
     "NotEmbeddingModel",
     "NotFound",
     "NotImplementedRoute",
+    "PrerequisitesMissing",
     "QueueFull",
     "RetryLater",
     "ServerUnavailable",

@@ -36,3 +36,17 @@ def test_every_public_exception_is_defined_in_errors_with_a_docstring() -> None:
         cls = getattr(errors, name)
         if isinstance(cls, type) and issubclass(cls, Exception):
             assert cls.__doc__ and cls.__doc__.strip(), name
+
+
+def test_exported_members() -> None:
+    """Every exception ``lemonkit.errors`` defines is in its ``__all__`` (as httpx tests its own), and ``__all__``
+    names nothing else but what it defines."""
+    defined = {
+        name
+        for name, value in vars(errors).items()
+        if not name.startswith("_")
+        and getattr(value, "__module__", None) == "lemonkit.errors"
+        and (isinstance(value, type) or callable(value))
+    }
+    assert sorted(errors.__all__) == sorted(defined)
+    assert errors.__all__ == sorted(errors.__all__)

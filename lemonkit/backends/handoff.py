@@ -9,7 +9,7 @@ answer to the front with one JSON line saying which. The front holds the model u
 relayed stream, and the connection closes with the stream. Should the sidecar die meanwhile, the front still holds
 its copy of the socket and ends the stream with an error event.
 
-The front asks with the :data:`HEADER` request header only when it can hand the connection over (plain HTTP/1.1,
+The front asks with the ``X-Lemonkit-Handoff`` request header only when it can hand the connection over (plain HTTP/1.1,
 no TLS, no compression); the sidecar agrees by answering with the same header naming a token, and the socket it
 then receives is matched to the waiting answer by that token.
 """
@@ -22,10 +22,9 @@ import socket
 import threading
 import time
 
-__all__ = ["HEADER", "LAST_CHUNK", "Handoffs", "Sink", "chunk", "hand_over", "path_for"]
+__all__ = ["LAST_CHUNK", "Handoffs", "Sink", "chunk", "hand_over", "path_for"]
 
 #: the request header asking the sidecar to take the client's connection, and the answer's header naming a token
-HEADER = "X-Lemonkit-Handoff"
 #: how long an answer waits for the socket the front promised before it gives up
 WAIT = 10.0
 #: the chunk that ends a chunked body

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lemonkit.backends.images.pictures import decode_image, encode_png
-from lemonkit.backends.protocol import NO_STATS, Cancelled, LoadSpec, physical_cores
+from lemonkit.backends.protocol import NO_STATS, Cancelled, LoadSpec, positive_option, thread_count
 from lemonkit.errors import BackendError, InvalidArgument, ModelLoadError
 
 if TYPE_CHECKING:
@@ -49,13 +49,6 @@ def tiles(width: int, height: int, tile: int, pad: int) -> Iterator[tuple[tuple[
         for x0 in range(0, width, tile):
             x1, y1 = min(x0 + tile, width), min(y0 + tile, height)
             yield (x0, y0, x1, y1), (max(x0 - pad, 0), max(y0 - pad, 0), min(x1 + pad, width), min(y1 + pad, height))
-
-
-def _positive(options: dict[str, Any], name: str, default: int) -> int:
-    value = options.get(name) or default
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidArgument(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def _network_files(path: Path) -> tuple[Path, Path]:
@@ -88,8 +81,8 @@ class NcnnUpscaleEngine:
         import ncnn
 
         options = spec.get("options") or {}
-        self.n_threads = _positive(options, "n_threads", physical_cores())
-        self.tile = _positive(options, "tile_size", TILE)
+        self.n_threads = thread_count(options)
+        self.tile = positive_option(options, "tile_size", TILE)
         self.name = spec.get("model_name", "")
         param, weights = _network_files(Path(spec["model_path"]))
         self._ncnn = ncnn

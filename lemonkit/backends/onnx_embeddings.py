@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from lemonkit.backends.engine_devices import onnx_session
-from lemonkit.backends.protocol import Cancelled, LoadSpec, physical_cores
+from lemonkit.backends.protocol import Cancelled, LoadSpec, thread_count
 from lemonkit.errors import InvalidArgument, ModelLoadError, ModelNotApplicable
 
 __all__ = ["OnnxEmbeddingEngine"]
@@ -56,13 +56,11 @@ class OnnxEmbeddingEngine:
 
         if spec.get("type") != "embedding":
             raise ModelLoadError(f"lemonkit's onnxruntime engine serves embedding models, not {spec.get('type')!r}")
+        threads = thread_count(spec.get("options") or {})
         root = Path(spec["model_path"])
         model = next((p for p in (root / "onnx" / "model.onnx", root / "model.onnx") if p.is_file()), None)
         if model is None or not (root / "tokenizer.json").is_file():
             raise ModelLoadError(f"{root} holds no onnx/model.onnx and tokenizer.json")
-        threads = (spec.get("options") or {}).get("n_threads") or physical_cores()
-        if not isinstance(threads, int) or threads < 1:
-            raise InvalidArgument(f"n_threads must be a positive integer, got {threads!r}")
 
         pooling = _read_json(root / "1_Pooling" / "config.json")
         self._cls_pooling = bool(pooling.get("pooling_mode_cls_token")) and not pooling.get("pooling_mode_mean_tokens")

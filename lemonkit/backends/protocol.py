@@ -17,9 +17,11 @@ engine gets ``body["files"]`` as a list of :class:`Upload`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypedDict
+
+from lemonkit.errors import InvalidArgument
 
 __all__ = [
     "NO_STATS",
@@ -32,6 +34,8 @@ __all__ = [
     "SidecarRoute",
     "Upload",
     "physical_cores",
+    "positive_option",
+    "thread_count",
 ]
 
 Cancelled = Callable[[], bool]
@@ -184,3 +188,17 @@ def physical_cores() -> int:
     import psutil
 
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def positive_option(options: Mapping[str, Any], name: str, default: int) -> int:
+    """``options[name]`` (``default`` when absent or 0), which must be a positive integer (InvalidArgument)."""
+    value = options.get(name) or default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def thread_count(options: Mapping[str, Any], fallback: int | None = None) -> int:
+    """An engine's threads: ``options["n_threads"]``, else ``fallback`` (a ``-t`` among its arguments), else one
+    per physical core; a positive integer or InvalidArgument."""
+    return positive_option(options, "n_threads", fallback or physical_cores())

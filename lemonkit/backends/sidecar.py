@@ -35,6 +35,7 @@ from lemonkit.backends import engine_class, handoff
 from lemonkit.backends.protocol import ROUTES, Binary, BinaryStream, Engine, LoadSpec, Upload
 from lemonkit.errors import BackendError, InvalidArgument, LemonkitError, ModelNotApplicable
 from lemonkit.formats import sse
+from lemonkit.formats.headers import HANDOFF_HEADER
 
 __all__ = ["create_app", "main"]
 
@@ -180,7 +181,7 @@ def create_app(engine: Engine, *, ping_interval: float = 10.0, handoffs: handoff
 
         loop = asyncio.get_running_loop()
         sse = _expects_sse(body)
-        stream = _Stream(loop, hand_off=sse and handoffs is not None and bool(request.headers.get(handoff.HEADER)))
+        stream = _Stream(loop, hand_off=sse and handoffs is not None and bool(request.headers.get(HANDOFF_HEADER)))
         executor.submit(stream.run, call)
         watcher = None if sse else asyncio.ensure_future(_until_disconnect(request, stream.cancel))
         try:
@@ -214,7 +215,7 @@ def create_app(engine: Engine, *, ping_interval: float = 10.0, handoffs: handoff
         if stream.sink is not None and handoffs is not None:
             token, connection = handoffs.expect()
             answer = _handed_over(stream, stream.sink, connection, ping_interval)
-            return StreamingResponse(answer, media_type="application/json", headers={handoff.HEADER: token})
+            return StreamingResponse(answer, media_type="application/json", headers={HANDOFF_HEADER: token})
         return StreamingResponse(_frames(stream, first, ping_interval), media_type="text/event-stream")
 
     async def health(request: Request) -> Response:

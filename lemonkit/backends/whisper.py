@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from lemonkit.backends.engine_devices import ctranslate2_device
-from lemonkit.backends.protocol import Cancelled, LoadSpec, Upload, physical_cores
+from lemonkit.backends.protocol import Cancelled, LoadSpec, Upload, positive_option, thread_count
 from lemonkit.backends.task_engine import TaskRequest, artifact, batch_requests, stream_events
 from lemonkit.errors import InvalidArgument, MissingArgument, ModelLoadError
 from lemonkit.formats.audio_codec import WHISPER_RATE, Decoded, decode
@@ -223,9 +223,9 @@ class FasterWhisperEngine:
         if not (root / "model.bin").is_file():
             raise ModelLoadError(f"{root} holds no CTranslate2 model.bin")
         options = spec.get("options") or {}
-        self._threads = self._positive(options, "n_threads", physical_cores())
-        self._beam = self._positive(options, "beam_size", BEAM_SIZE)
-        self._batch = self._positive(options, "batch_size", BATCH_SIZE)
+        self._threads = thread_count(options)
+        self._beam = positive_option(options, "beam_size", BEAM_SIZE)
+        self._batch = positive_option(options, "batch_size", BATCH_SIZE)
         import ctranslate2
 
         self._device, best_type = ctranslate2_device(ctranslate2)
@@ -242,13 +242,6 @@ class FasterWhisperEngine:
         import faster_whisper
 
         self._fingerprint = f"faster-whisper-{faster_whisper.__version__}+ctranslate2-{ctranslate2.__version__}"
-
-    @staticmethod
-    def _positive(options: dict[str, Any], name: str, default: int) -> int:
-        value = options.get(name) or default
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidArgument(f"{name} must be a positive integer, got {value!r}")
-        return value
 
     # -- transcription ---------------------------------------------------------------------------------------
 

@@ -97,10 +97,6 @@ class Registry:
     def user_models_path(self) -> Path:
         return self.cache_dir / USER_MODELS
 
-    @property
-    def recipe_options_path(self) -> Path:
-        return self.cache_dir / RECIPE_OPTIONS
-
     # -- loading ---------------------------------------------------------------------------------------------------
 
     @staticmethod

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from lemonkit.formats.headers import PROVENANCE_HEADER
+
 if TYPE_CHECKING:
     from lemonkit.client import Client
     from lemonkit.client.results import ChatResult
 
-__all__ = ["HEADER", "Clock", "ReplayResult", "build", "replay"]
+__all__ = ["Clock", "ReplayResult", "build", "replay"]
 
-HEADER = "x-lemonkit-provenance"
 #: request fields that are not sampling parameters
 _NOT_SAMPLING = {"model", "messages", "prompt", "input", "query", "documents", "stream", "stream_options", "tools"}
 #: the server facts that, when they differ, explain a replay that does not match
@@ -60,7 +61,7 @@ def build(route: str, body: dict[str, Any], headers: dict[str, str], clock: Cloc
 
 
 def _server_facts(headers: dict[str, str]) -> dict[str, Any]:
-    value = next((v for k, v in headers.items() if k.lower() == HEADER), None)
+    value = next((v for k, v in headers.items() if k.lower() == PROVENANCE_HEADER.lower()), None)
     try:
         facts = json.loads(value) if value else {}
     except ValueError:

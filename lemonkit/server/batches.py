@@ -28,12 +28,13 @@ from typing import Any
 from tornado.ioloop import IOLoop
 
 from lemonkit.errors import InvalidArgument, InvalidRequest, LemonkitError, MissingArgument, NotFound, RetryLater
+from lemonkit.formats.headers import CACHE_HEADER
 from lemonkit.server import openai
 from lemonkit.server.captured import row_handler
 from lemonkit.server.files_api import list_page, query_limit
 from lemonkit.server.handler import LemonkitHandler
 from lemonkit.server.service import Service
-from lemonkit.serving import answer_cache, fairness
+from lemonkit.serving import fairness
 from lemonkit.serving.batch_store import FINAL, BatchRecord, Journal, new_id
 from lemonkit.serving.caller import Caller, current
 
@@ -404,7 +405,7 @@ class BatchRunner:
         assert running.journal is not None
         await asyncio.to_thread(running.journal.append, [{"i": index, "ok": ok, "line": out}])
         batch["request_counts"]["completed" if ok else "failed"] += 1
-        hit = headers.get(answer_cache.HEADER) == "hit"
+        hit = headers.get(CACHE_HEADER) == "hit"
         self.rows[(str(batch.get("model")), "failed" if not ok else "cached" if hit else "completed")] += 1
         if ok:
             tokens = _usage(answer)

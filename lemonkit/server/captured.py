@@ -9,10 +9,10 @@ from typing import Any
 
 from tornado import httputil
 
+from lemonkit.formats.headers import CACHE_HEADER
 from lemonkit.server.handler import JSON
 from lemonkit.server.openai import ModelRouteHandler
 from lemonkit.server.service import SETTINGS_KEY, Service
-from lemonkit.serving import answer_cache
 from lemonkit.serving.caller import Caller
 
 __all__ = ["Captured", "row_handler"]
@@ -25,7 +25,7 @@ class Captured:
     def __init__(self, service: Service, caller: Caller, path: str, body: bytes) -> None:
         self.settings = {SETTINGS_KEY: service}
         # a batch's deterministic requests use the answer cache unless a line's body says "cache": false
-        headers = httputil.HTTPHeaders({"Content-Type": JSON, answer_cache.HEADER: "use"})
+        headers = httputil.HTTPHeaders({"Content-Type": JSON, CACHE_HEADER: "use"})
         self.request = httputil.HTTPServerRequest(method="POST", uri=path, headers=headers, body=body)
         self._lemonkit_caller = caller
         self.status = 200

@@ -35,6 +35,7 @@ from lemonkit.errors import (
 )
 from lemonkit.formats import schemas, sse
 from lemonkit.formats.bodies import parse_json
+from lemonkit.formats.headers import HANDOFF_HEADER
 from lemonkit.server.service import SETTINGS_KEY, Service
 from lemonkit.serving import fairness
 from lemonkit.serving.caller import OWNER, Caller, current
@@ -266,7 +267,7 @@ class LemonkitHandler(_Base):
             BackendError: The sidecar is unreachable (it is discarded) or answered with an error.
         """
         client = model.client
-        headers = {handoff.HEADER: "1"} if hand_off else {}
+        headers = {HANDOFF_HEADER: "1"} if hand_off else {}
         if fairness.background.get() and model.info.recipe == "llamacpp" and "priority" not in body:
             body = {**body, "priority": 1}  # a batch's row: behind interactive requests in llama.cpp's steps too
         if files is None:
@@ -299,7 +300,7 @@ class LemonkitHandler(_Base):
             BackendError: The sidecar is unreachable (it is discarded) or refused the request up front.
         """
         response = await self.sidecar_request(model, path, body, files=files, hand_off=self._can_hand_off(model))
-        token = response.headers.get(handoff.HEADER)
+        token = response.headers.get(HANDOFF_HEADER)
         if token is None:
             await self.sse_open()
             await self.pump(self.sidecar_frames(model, response))

@@ -42,6 +42,7 @@ from lemonkit.catalog.omni.builtin_tools import (
 from lemonkit.catalog.omni.media import audio_tag, chunks, image_markdown, strip_media
 from lemonkit.errors import LemonkitError, ModelNotApplicable, ModelNotFound
 from lemonkit.formats import sse
+from lemonkit.formats.headers import PROVENANCE_HEADER
 from lemonkit.server import provenance
 from lemonkit.server.handler import LemonkitHandler
 
@@ -251,7 +252,7 @@ class OmniChat:
                 # The chat model is loaded: it is the answer's provenance, and a stream starts now. Whatever fails
                 # before this (a component gone, the chat model not loading) answers with its status and JSON.
                 self._opened = True
-                self.handler.set_header(provenance.HEADER, await provenance.header_value(model))
+                self.handler.set_header(PROVENANCE_HEADER, await provenance.header_value(model))
                 if self.body.get("stream"):
                     await self.handler.sse_open()
             response = await self.handler.sidecar_request(model, "/v1/chat/completions", request)

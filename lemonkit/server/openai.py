@@ -22,6 +22,7 @@ from lemonkit.catalog.registry import COLLECTION_OMNI, ModelInfo
 from lemonkit.catalog.support import Support
 from lemonkit.errors import InvalidArgument, LemonkitError, ModelNotApplicable, NotEmbeddingModel, NotFound
 from lemonkit.formats import schemas, sse
+from lemonkit.formats.headers import CACHE_HEADER, PROVENANCE_HEADER
 from lemonkit.server import provenance, response_stream, responses
 from lemonkit.server.handler import LemonkitHandler, error_event
 from lemonkit.server.omni_loop import OmniChat
@@ -83,7 +84,7 @@ class ModelRouteHandler(LemonkitHandler):
         if cached and loaded is not None and await self._from_cache(loaded, body):
             return  # answered without waiting for a turn at the model
         async with self.service.manager.use(info.id, ctx_size=ctx_size) as model:
-            self.set_header(provenance.HEADER, await provenance.header_value(model))
+            self.set_header(PROVENANCE_HEADER, await provenance.header_value(model))
             if cached and loaded is not model and await self._from_cache(model, body):
                 return
             await self.run(model, body)
@@ -106,7 +107,7 @@ class ModelRouteHandler(LemonkitHandler):
         if asked is not None and not isinstance(asked, bool):
             raise InvalidArgument(f"cache: expected true or false, got {asked!r}")
         if asked is None:
-            asked = self.request.headers.get(answer_cache.HEADER, "").strip().lower() in ("use", "1", "true", "yes")
+            asked = self.request.headers.get(CACHE_HEADER, "").strip().lower() in ("use", "1", "true", "yes")
         return (
             asked
             and self.service.answers.enabled
@@ -143,10 +144,10 @@ class ModelRouteHandler(LemonkitHandler):
         if data is None:
             self._cache_key = key
             if key is not None:
-                self.set_header(answer_cache.HEADER, "miss")
+                self.set_header(CACHE_HEADER, "miss")
             return False
-        self.set_header(provenance.HEADER, await provenance.header_value(model))
-        self.set_header(answer_cache.HEADER, "hit")
+        self.set_header(PROVENANCE_HEADER, await provenance.header_value(model))
+        self.set_header(CACHE_HEADER, "hit")
         if body.get("stream"):
             await self.sse_open()
             with contextlib.suppress(StreamClosedError):

@@ -20,9 +20,8 @@ from typing import Any
 from lemonkit._version import __version__
 from lemonkit.serving.loaded_model import LoadedModel
 
-__all__ = ["HEADER", "header_value"]
+__all__ = ["header_value"]
 
-HEADER = "X-Lemonkit-Provenance"
 #: files up to this size are hashed when their sha256 is not known otherwise (larger: left unknown)
 _HASH_LIMIT = 64 * 1024 * 1024
 _HEX64 = re.compile(r"[0-9a-f]{64}")

@@ -33,10 +33,9 @@ from lemonkit.catalog.hf_cache import inside, safe_relpath
 from lemonkit.formats import sse
 from lemonkit.formats.files import atomic_write_bytes
 
-__all__ = ["HEADER", "AnswerCache", "deterministic", "key"]
+__all__ = ["AnswerCache", "deterministic", "key"]
 
 #: asks for the cache (``use``) where a client cannot add the ``cache`` field; answers say ``hit`` or ``miss``
-HEADER = "X-Lemonkit-Cache"
 
 #: request fields that do not change the answer
 _IGNORED = ("stream", "stream_options", "user", "cache")

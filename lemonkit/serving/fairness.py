@@ -81,10 +81,6 @@ class TokenBucket:
             return 0.0
         return (1 - self._tokens) / self.per_second
 
-    def give_back(self) -> None:
-        """Return a token taken for a request that was refused after all."""
-        self._tokens = min(self.capacity, self._tokens + 1)
-
 
 class ModelQueue:
     """Turns at one model: ``capacity`` at once; waiting requests queued per user, granted round-robin.

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from lemonkit.backends import handoff, sidecar_env
+from lemonkit.formats.headers import HANDOFF_HEADER
 from tests.support.paths import REPO
 
 LAUNCH = (
@@ -135,9 +136,9 @@ def test_a_handed_over_connection_gets_the_stream_in_chunks(sidecar: tuple[httpx
     sock = tmp_path / "s.sock"  # the fixture's
     ours, theirs = socket.socketpair()
     body = {"messages": [], "stream": True}
-    with client.stream("POST", "/v1/chat/completions", json=body, headers={handoff.HEADER: "1"}) as response:
+    with client.stream("POST", "/v1/chat/completions", json=body, headers={HANDOFF_HEADER: "1"}) as response:
         assert response.status_code == 200
-        _hand_over(sock, response.headers[handoff.HEADER], theirs)
+        _hand_over(sock, response.headers[HANDOFF_HEADER], theirs)
         theirs.close()
         assert ours.recv(64).startswith(b"8\r\n: ping\n\n\r\n")  # the sidecar writes now; the front stays silent
         _open_gate(gate, "hello")
@@ -154,9 +155,9 @@ def test_a_client_that_leaves_ends_a_handed_over_stream(sidecar: tuple[httpx.Cli
     sock = tmp_path / "s.sock"  # the fixture's
     ours, theirs = socket.socketpair()
     with client.stream(
-        "POST", "/v1/chat/completions", json={"messages": [], "stream": True}, headers={handoff.HEADER: "1"}
+        "POST", "/v1/chat/completions", json={"messages": [], "stream": True}, headers={HANDOFF_HEADER: "1"}
     ) as response:
-        _hand_over(sock, response.headers[handoff.HEADER], theirs)
+        _hand_over(sock, response.headers[HANDOFF_HEADER], theirs)
         theirs.close()
         ours.recv(64)
         ours.close()

@@ -18,12 +18,12 @@ import pytest
 from PIL import Image
 
 import lemonkit
-from lemonkit.client import replay as provenance
 from lemonkit.client.calls import SERVER, Request, Steps
 from lemonkit.client.discovery import Server
 from lemonkit.client.image_calls import ImageRequest, size_of
 from lemonkit.client.image_results import Images, image_bytes, open_image, png_bytes
 from lemonkit.errors import InvalidArgument
+from lemonkit.formats.headers import PROVENANCE_HEADER
 
 
 def picture(width: int = 24, height: int = 16, seed: int = 0) -> Image.Image:
@@ -213,7 +213,7 @@ def answered(steps: Steps[Images], answer: dict[str, Any], headers: dict[str, st
 
 def test_the_result_carries_provenance_without_the_image_data() -> None:
     request = ImageRequest.upscale(picture(), "RealESRGAN-x4plus", factor=None)
-    headers = {provenance.HEADER: json.dumps({"model": "RealESRGAN-x4plus", "engine": "ncnn"})}
+    headers = {PROVENANCE_HEADER: json.dumps({"model": "RealESRGAN-x4plus", "engine": "ncnn"})}
     result = answered(request.sent(), answer(picture(96, 64)), headers, "http://127.0.0.1:1/api/v1")
     facts = result.provenance
     assert facts["route"] == "images/upscale" and facts["engine"] == "ncnn" and facts["model"] == "RealESRGAN-x4plus"

@@ -69,8 +69,13 @@ def test_the_wheel_ships_the_front_end(tmp_path: Path) -> None:
     from hatchling.builders.wheel import WheelBuilder
 
     wheel = next(WheelBuilder(str(REPO)).build(directory=str(tmp_path), versions=["standard"]))
-    shipped = {name for name in zipfile.ZipFile(wheel).namelist() if name.startswith("lemonkit/widgets/static/")}
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {name for name in names if name.startswith("lemonkit/widgets/static/")}
     assert shipped == {f"lemonkit/widgets/static/{p.name}" for p in STATIC.iterdir()}
+    # typed (PEP 561), licensed, and with what a llama-cpp-python build of lemonkit's kernel needs
+    assert "lemonkit/py.typed" in names and any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    build = {f"lemonkit/catalog/data/{name}" for name in ("llama-cpp-lean.cmake", "lemonkit-invariant-fa.inc")}
+    assert build <= set(names)
     assert {"shared.js", "model_browser.js", "chat_panel.js", "download_bar.js", "widgets.css"} <= {
         p.name for p in STATIC.iterdir()
     }

@@ -22,7 +22,7 @@ from typing import Any
 from lemonkit.backends.engine_devices import torch_device
 from lemonkit.backends.images.params import SOFT_PIXEL_CAP, Settings, capped_size
 from lemonkit.backends.images.pictures import decode_image, encode_png
-from lemonkit.backends.protocol import Cancelled, LoadSpec, Upload, physical_cores
+from lemonkit.backends.protocol import Cancelled, LoadSpec, Upload, thread_count
 from lemonkit.errors import InvalidArgument, MissingArgument, ModelLoadError
 
 __all__ = ["DiffusersEngine"]
@@ -82,7 +82,7 @@ class DiffusersEngine:
             raise ModelLoadError(f"{root} is not a diffusers pipeline (it has no model_index.json)")
         diffusers.utils.logging.disable_progress_bar()  # the sidecar's log is no terminal
         self._options = dict(spec.get("options") or {})
-        threads = self._options.get("n_threads") or physical_cores()
+        threads = thread_count(self._options)
         torch.set_num_threads(int(threads))
         try:
             index = json.loads(index_file.read_text(encoding="utf-8"))

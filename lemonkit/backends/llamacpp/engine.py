@@ -48,7 +48,7 @@ from lemonkit.backends.llamacpp.kernels import attention_build, rebuild_command,
 from lemonkit.backends.llamacpp.mtp import MtpHead, mtp_layers
 from lemonkit.backends.llamacpp.sampler import ReasoningBudget
 from lemonkit.backends.llamacpp.vision import Vision, decode_data_url
-from lemonkit.backends.protocol import Cancelled, LoadSpec
+from lemonkit.backends.protocol import Cancelled, LoadSpec, thread_count
 from lemonkit.catalog.placement import MiB, estimate, fit_layers
 from lemonkit.catalog.recipe_options import (
     DEFAULT_N_BATCH,
@@ -134,9 +134,7 @@ class LlamaCppEngine:
         ctx = llamacpp_context_size(ctx, self.n_ctx_train, auto_limit=spec.get("auto_ctx_limit"))
         # The typed option beats a -t in llamacpp_args; physical cores beat SMT siblings for decode.
         arg_threads = args.pop("n_threads", None)
-        threads = options.get("n_threads") or arg_threads or _physical_cores()
-        if not isinstance(threads, int) or threads < 1:
-            raise InvalidArgument(f"n_threads must be a positive integer, got {threads!r}")
+        threads = thread_count(options, arg_threads)
 
         self._sampling = Sampling.from_args(args)
         n_parallel = args.pop("n_parallel", DEFAULT_N_PARALLEL)
@@ -998,16 +996,6 @@ def amx_cpu() -> bool:
             return any(line.startswith("flags") and " amx_int8" in line for line in f)
     except OSError:
         return False
-
-
-def _physical_cores() -> int:
-    try:
-        import psutil
-
-        n = psutil.cpu_count(logical=False)
-    except ImportError:  # pragma: no cover - psutil is a dependency
-        n = None
-    return n or os.cpu_count() or 1
 
 
 def _l2(vec: list[float]) -> list[float]:

@@ -39,7 +39,6 @@ checks it). Piper takes the whole range (it divides the phoneme length scale); K
 from __future__ import annotations
 
 import base64
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -48,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from lemonkit.backends.protocol import NO_STATS, Binary, BinaryStream, Cancelled, LoadSpec
+from lemonkit.backends.protocol import NO_STATS, Binary, BinaryStream, Cancelled, LoadSpec, thread_count
 from lemonkit.backends.task_engine import TaskRequest, stream_events, wav_base64
 from lemonkit.errors import InvalidArgument, MissingArgument
 from lemonkit.formats.audio_codec import ENCODINGS, MEDIA_TYPES, encode, pcm16
@@ -61,7 +60,6 @@ __all__ = [
     "SpeechRequest",
     "l16_media_type",
     "package_version",
-    "physical_cores",
     "response_format",
     "sentences",
     "streaming_mode",
@@ -88,13 +86,6 @@ SPEED_RANGE = (0.25, 4.0)
 
 #: where one sentence (or line) of a text ends and the next begins
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+|\n+")
-
-
-def physical_cores() -> int:
-    """The default ``n_threads``: physical cores (hyper-threads slow ONNX inference down)."""
-    import psutil
-
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
 def package_version(distribution: str) -> str:
@@ -187,10 +178,7 @@ class SpeechEngine:
 
     def __init__(self, spec: LoadSpec) -> None:
         self.spec = spec
-        threads = (spec.get("options") or {}).get("n_threads") or physical_cores()
-        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-            raise InvalidArgument(f"n_threads must be a positive integer, got {threads!r}")
-        self.n_threads = threads
+        self.n_threads = thread_count(spec.get("options") or {})
         #: where the engine runs, for /v1/health ("gpu" where its ONNX Runtime build offered one)
         self.device = "cpu"
         #: the model's voices, default first -> "female", "male" or "" (unknown)
