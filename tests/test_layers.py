@@ -97,3 +97,61 @@ def test_no_package_shadows_a_public_name() -> None:
     (``lemonkit.models()``) would replace it."""
     tops = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
     assert not tops & set(lemonkit.__all__)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_at_import_time(path: Path, modules: set[str]) -> set[str]:
+    """The lemonkit modules ``path`` imports when it is imported: at its top level (and in its classes' bodies and
+    top-level blocks), not inside functions nor under ``if TYPE_CHECKING``."""
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse)
+                continue
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                while name.startswith("lemonkit") and name not in modules and "." in name:
+                    name = name.rsplit(".", 1)[0]
+                if name in modules:
+                    found.add(name)
+                    break
+            for field in ("body", "orelse", "finalbody"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                    visit(inner)
+            for handler in getattr(node, "handlers", []):
+                visit(handler.body)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return found - {_module_name(path)}
+
+
+def test_no_import_circle_at_import_time() -> None:
+    """No module needs, while it is being imported, a module that needs it back (a circle runs in whatever order
+    the first import happens to start it, and breaks on a name not yet defined)."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: _imported_at_import_time(path, set(paths)) for name, path in paths.items()}
+    circles = []
+    for start in sorted(graph):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            name, trail = stack.pop()
+            for nxt in sorted(graph[name]):
+                if nxt == start:
+                    circles.append(" -> ".join([*trail, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*trail, nxt]))
+    assert not circles, "\n".join(sorted(set(circles))[:10])

@@ -9,6 +9,7 @@ between a running stream and a newcomer is only observable without the HTTP hops
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ import llama_cpp as lc
 import pytest
 
 from lemonkit.backends.llamacpp import LlamaCppEngine, kernels
+from lemonkit.backends.llamacpp.batch import PREFILL_CHUNK
 from lemonkit.backends.llamacpp.kernels import attention_build, patched_attention
 from lemonkit.backends.llamacpp.prompt_cache import common_prefix
 from lemonkit.backends.llamacpp.step_costs import Step, StepCosts
@@ -92,6 +94,57 @@ def test_a_long_prompt_is_evaluated_in_chunks_between_running_tokens(chunked: Ll
     assert usage["prompt_tokens"] >= 1200  # 38 steps or more
     between = log[log.index("submitted") : log.index("newcomer")]
     assert between.count("running") >= 20, between
+
+
+def test_a_measured_budget_of_few_tokens_is_saved_up_into_chunks(tiny_path: Path) -> None:
+    """While a stream generates, an ``auto`` budget that allows fewer prompt tokens a step than PREFILL_CHUNK is
+    saved up: steps without prompt tokens (the stream's token each), then one step with the chunk. Both answers are
+    what they are alone."""
+    engine = _engine(tiny_path, "--parallel 2")
+    batcher = engine._gen._batcher
+    long_body = {"prompt": "the cache test " * 100, "max_tokens": 4, "temperature": 0, "cache_prompt": False}
+    stream_body = {"prompt": "run", "max_tokens": 400, "temperature": 0}
+    try:
+        alone = [_complete(engine, **body) for body in (stream_body, long_body)]
+        steps: list[tuple[int, int]] = []  # (prompt tokens, generating rows) of each decode
+        run = batcher._run
+
+        def counted(planned: list[Any], n: int, threads: int | None = None) -> bool:
+            prompt = sum(len(rows) for slot, rows in planned if slot.last < 0)
+            steps.append((prompt, sum(1 for slot, _ in planned if slot.last >= 0)))
+            return run(planned, n, threads)
+
+        batcher._run = counted  # type: ignore[method-assign]
+        batcher._measured_room = lambda rows: 3  # type: ignore[method-assign]
+        stop, started = threading.Event(), threading.Event()
+        streamed: list[str] = []
+
+        def running() -> None:
+            for n, chunk in enumerate(_stream(engine, stream_body, stop)):
+                streamed.append(chunk["choices"][0]["text"] if chunk.get("choices") else "")
+                if n == 3:
+                    started.set()
+
+        thread = threading.Thread(target=running)
+        thread.start()
+        assert started.wait(60)
+        steps.clear()
+        long = _complete(engine, **long_body)
+        beside = [(prompt, generating) for prompt, generating in steps if generating and prompt]
+        thread.join()
+    finally:
+        stop.set()
+        engine.close()
+    n_prompt = long["usage"]["prompt_tokens"]
+    assert n_prompt > 3 * PREFILL_CHUNK
+    # 3 tokens a step, saved up over the steps of the stream alone until they make a chunk: 22 steps, the last one
+    # takes the 66 tokens saved (the prompt's last step its rest), the 21 before it none
+    saving = -(-PREFILL_CHUNK // 3)
+    assert [prompt for prompt, _ in beside[:-1]] == [3 * saving] * (len(beside) - 1) and beside[-1][0] <= 3 * saving
+    between = [i for i, (prompt, generating) in enumerate(steps) if generating and prompt]
+    assert len(between) >= 3 and between[0] >= saving - 1  # the stream stepped alone before the prompt came too
+    assert all(b - a == saving for a, b in itertools.pairwise(between[:-1]))
+    assert long["choices"] == alone[1]["choices"] and "".join(streamed) == alone[0]["choices"][0]["text"]
 
 
 def test_a_full_cache_ends_the_newest_sequence_with_length(tiny_path: Path) -> None:
