@@ -447,8 +447,10 @@ class LlamaCppEngine:
             yield int(switched is not None)
         self._invariant = bool(switched)
         build = attention_build() if self._invariant else "missing"
-        self.invariant_attention = build != "missing"
-        if self._invariant and build != "current":
+        self.invariant_attention = build in ("current", "older")
+        if self._invariant and build == "unsupported":
+            log.warning("lemonkit's batch-invariant attention has no code for this CPU: ggml's per-row attention runs")
+        elif self._invariant and build != "current":
             log.warning(
                 "this llama-cpp-python build %s: answers stay batch-invariant, %s. Rebuild it: %s",
                 "carries an older lemonkit's batch-invariant attention"

@@ -123,7 +123,8 @@ def attention_build() -> str:
     in at build time and exports the SHA-256 of the file it was made from); ``"older"``: the kernel of another
     lemonkit (pip's wheel cache keys on the sdist alone, so a reinstall can hand back a wheel built before an
     update); ``"missing"``: a build without it, whose reference mode runs ggml's per-row attention (as invariant,
-    half as fast on long prompts).
+    half as fast on long prompts); ``"unsupported"``: built with it, on a CPU it has no code for (no ggml SIMD, or
+    SVE, RVV), where it falls back to that same attention.
     """
     from llama_cpp._ctypes_extensions import load_shared_library
     from llama_cpp._ggml import libggml_base_path
@@ -136,7 +137,7 @@ def attention_build() -> str:
     version.argtypes = []
     version.restype = ctypes.c_int
     if version() < 1:
-        return "missing"
+        return "unsupported"
     try:
         source = cpu.lemonkit_invariant_fa_source
     except AttributeError:  # built by a lemonkit from before the kernel named its source
@@ -147,8 +148,8 @@ def attention_build() -> str:
 
 
 def patched_attention() -> bool:
-    """Whether the loaded ggml-cpu carries lemonkit's batch-invariant flash attention (any lemonkit's)."""
-    return attention_build() != "missing"
+    """Whether the loaded ggml-cpu runs lemonkit's batch-invariant flash attention (any lemonkit's)."""
+    return attention_build() in ("current", "older")
 
 
 def rebuild_command() -> str:
