@@ -70,6 +70,11 @@ def invariant_attention_source() -> Path:
     return Path(__file__).parent / "data" / "lemonkit-invariant-fa.inc"
 
 
+def invariant_attention_sha256() -> str:
+    """The SHA-256 of :func:`invariant_attention_source`, as ``llama-cpp-lean.cmake`` writes it into a build."""
+    return hashlib.sha256(invariant_attention_source().read_bytes()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Missing:
     """A prerequisite a build needs and this machine lacks.
@@ -108,9 +113,7 @@ class Plan:
         """Names the wheel these flags make of ``version`` on this machine (flags and CPU decide its code)."""
         # the lean include's path is where lemonkit is installed, not a property of the build; what it and the kernel
         # it patches in say is (another lemonkit's kernel makes another wheel)
-        lean = (
-            "lean:" + hashlib.sha256(lean_cmake().read_bytes() + invariant_attention_source().read_bytes()).hexdigest()
-        )
+        lean = f"lean:{hashlib.sha256(lean_cmake().read_bytes()).hexdigest()}:{invariant_attention_sha256()}"
         args = [lean if a.startswith("-DCMAKE_PROJECT_llama_cpp_INCLUDE=") else a for a in self.cmake_args]
         text = json.dumps([version, args, platform.machine(), platform.system()])
         return hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -19,11 +19,12 @@ from typing import Any
 import llama_cpp as lc
 import pytest
 
-from lemonkit.backends.llamacpp import LlamaCppEngine, kernels
+from lemonkit.backends.llamacpp import LlamaCppEngine
 from lemonkit.backends.llamacpp.batch import PREFILL_CHUNK
 from lemonkit.backends.llamacpp.kernels import attention_build, patched_attention
 from lemonkit.backends.llamacpp.prompt_cache import common_prefix
 from lemonkit.backends.llamacpp.step_costs import Step, StepCosts
+from lemonkit.catalog import llamacpp_builds
 from lemonkit.errors import InvalidArgument, ModelLoadError
 from lemonkit.testing.tiny_gguf import write_tiny_llama
 
@@ -431,7 +432,7 @@ def test_a_build_of_another_lemonkits_kernel_is_told_apart_and_named_with_its_re
 ) -> None:
     """The build names the kernel source it was made from: one from another lemonkit's is "older" (still lemonkit's
     attention, still invariant), and a load says which commands build this lemonkit's."""
-    monkeypatch.setattr(kernels, "_kernel_source_sha256", lambda: "0" * 64)
+    monkeypatch.setattr(llamacpp_builds, "invariant_attention_sha256", lambda: "0" * 64)
     assert attention_build() == ("older" if patched_attention() else "missing")
     engine = _engine(tiny_path, "--parallel 2")
     try:

@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from lemonkit.backends.llamacpp.prompt_cache import common_prefix
 from tests.support.hosts import API_KEY, Host, Standalone
 from tests.support.tiny_models import TINY
 from tests.support.waiting import until
@@ -324,6 +325,32 @@ async def test_a_prompt_shares_a_busy_slots_prefix_and_answers_as_alone(host: Ho
     assert shared["usage"]["prompt_tokens"] - 12 <= cached < shared["usage"]["prompt_tokens"], shared["usage"]
     async with host.client() as client:
         await _idle(client)
+
+
+async def test_rows_of_one_template_sent_together_evaluate_the_instruction_once(host: Host) -> None:
+    """Four prompts sharing a long instruction in one request (so they reach four idle slots at once): one slot
+    evaluates the instruction, the others wait for it and share its cells; each answer is the one it has alone."""
+    instruction = "Label the sentiment of the review below as positive or negative. " * 6
+    prompts = [instruction + f"Review {i}: {word}" for i, word in enumerate(("great", "awful", "fine", "boring"))]
+    body = {"model": TINY, "max_tokens": 8, "temperature": 0}
+    async with host.client() as client:
+        await _load(client, "--parallel 4")
+        tokens = []
+        for prompt in prompts:
+            answer = await client.post("tokenize", json={"model": TINY, "content": prompt, "add_special": True})
+            tokens.append(answer.json()["tokens"])
+        alone = [
+            (await client.post("completions", json={**body, "prompt": p, "cache_prompt": False})).json()
+            for p in prompts
+        ]
+        await _load(client, "--parallel 4")  # no slot holds anything
+        together = (await client.post("completions", json={**body, "prompt": prompts})).json()
+        await _idle(client)
+    shared = {common_prefix(a, b) for a in tokens for b in tokens if a is not b}
+    assert len(shared) == 1 and next(iter(shared)) > 64
+    assert [a["usage"]["prompt_tokens"] for a in alone] == [len(t) for t in tokens]
+    assert [c["text"] for c in together["choices"]] == [a["choices"][0]["text"] for a in alone]
+    assert together["usage"]["prompt_tokens_details"]["cached_tokens"] == 3 * next(iter(shared))
 
 
 async def test_a_stream_keeps_generating_while_a_long_prompt_is_evaluated(host: Host) -> None:

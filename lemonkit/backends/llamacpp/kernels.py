@@ -13,9 +13,8 @@ ggml picks its CPU kernels by batch shape, and they round differently:
   (:func:`patched_attention`), by lemonkit's tiled batch-invariant one (``catalog/data/lemonkit-invariant-fa.inc``):
   prompt processing at about the speed of ggml's fastest kernels instead of half of it.
 
-Measured on Gemma 3 270M (Q4_K_M, 2 threads, ``benchmarks/concurrency.py --sections kernels``, with the attention
-kernel): decoding 0.99 of ggml's fastest kernels, a 500-token prompt 0.93 (a 6k-token one 0.71: the K-quant matrix
-products run row by row); logits bit-identical alone and among other sequences, for any chunking.
+Logits are bit-identical alone and among other sequences, for any chunking; what it costs against ggml's fastest
+kernels is measured by ``benchmarks/concurrency.py --sections kernels,long`` (the README's Benchmarks tables).
 
 llama.cpp creates its backends inside ``llama_init_from_model`` and does not hand them out, so
 :func:`reference_kernels` wraps the CPU device's ``init_backend`` entry for the duration of a load.
@@ -25,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -144,7 +142,9 @@ def attention_build() -> str:
         return "older"
     source.argtypes = []
     source.restype = ctypes.c_char_p
-    return "current" if (source() or b"").decode() == _kernel_source_sha256() else "older"
+    from lemonkit.catalog.llamacpp_builds import invariant_attention_sha256
+
+    return "current" if (source() or b"").decode() == invariant_attention_sha256() else "older"
 
 
 def patched_attention() -> bool:
@@ -169,9 +169,3 @@ def rebuild_command() -> str:
         f"{pip} cache remove llama_cpp_python; CMAKE_ARGS={include!r} "
         f"{pip} install --force-reinstall --no-deps llama-cpp-python=={llama_cpp.__version__}"
     )
-
-
-def _kernel_source_sha256() -> str:
-    from lemonkit.catalog import llamacpp_builds
-
-    return hashlib.sha256(llamacpp_builds.invariant_attention_source().read_bytes()).hexdigest()
